@@ -1,0 +1,555 @@
+//! A PostgreSQL connection on tokio and `postgres-protocol`: startup, authentication
+//! (trust, cleartext, md5, SCRAM-SHA-256), the simple query protocol, and CopyBoth for
+//! logical replication.
+//!
+//! `postgres-protocol` 0.6 does not know CopyBothResponse (`'W'`), so backend messages
+//! are framed here (tag byte + Int32 length, checked against [`MAX_MESSAGE_LEN`]) and
+//! only complete, known messages are handed to its parser.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::md5_hash;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::message::backend::{ErrorFields, Message};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::pg::replication::{FrameError, ReplicationFrame, StandbyStatusUpdate};
+use crate::pg::url::ConnectParams;
+
+/// Largest backend message accepted. PostgreSQL values are at most 1 GB; anything
+/// claiming more is garbage on the wire and must not become an allocation.
+pub const MAX_MESSAGE_LEN: usize = 1 << 30 | 1 << 20;
+
+/// An error reported by the server (ErrorResponse), with its SQLSTATE.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DbError {
+    pub severity: String,
+    pub code: String,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+impl std::fmt::Display for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} (SQLSTATE {})",
+            self.severity, self.message, self.code
+        )?;
+        if let Some(detail) = &self.detail {
+            write!(f, "; detail: {detail}")?;
+        }
+        if let Some(hint) = &self.hint {
+            write!(f, "; hint: {hint}")?;
+        }
+        Ok(())
+    }
+}
+
+impl DbError {
+    fn from_fields(mut fields: ErrorFields<'_>) -> Self {
+        let mut error = DbError::default();
+        while let Ok(Some(field)) = fields.next() {
+            let value = String::from_utf8_lossy(field.value_bytes()).into_owned();
+            match field.type_() {
+                b'V' => error.severity = value,
+                b'S' if error.severity.is_empty() => error.severity = value,
+                b'C' => error.code = value,
+                b'M' => error.message = value,
+                b'D' => error.detail = Some(value),
+                b'H' => error.hint = Some(value),
+                _ => {}
+            }
+        }
+        error
+    }
+}
+
+/// Everything that can go wrong on a PostgreSQL connection.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error("could not connect to PostgreSQL at {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("timed out after {secs} s connecting to PostgreSQL at {addr}")]
+    ConnectTimeout { addr: String, secs: u64 },
+    #[error("authentication failed for user {user:?}: {reason}")]
+    Authentication { user: String, reason: String },
+    #[error("PostgreSQL connection lost: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("PostgreSQL closed the connection")]
+    Closed,
+    #[error("PostgreSQL error: {0}")]
+    Db(DbError),
+    #[error("protocol error on the PostgreSQL connection: {0}")]
+    Protocol(String),
+    #[error("bad replication frame from PostgreSQL: {0}")]
+    Frame(#[from] FrameError),
+}
+
+impl PgError {
+    /// The SQLSTATE of a server error, if this is one.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            PgError::Db(db) => Some(&db.code),
+            _ => None,
+        }
+    }
+}
+
+/// Rows of a simple query, all values in text format.
+#[derive(Debug, Clone, Default)]
+pub struct QueryResult {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Option<String>>>,
+}
+
+impl QueryResult {
+    /// The value of `column` in row `row`, or `None` when absent or NULL.
+    pub fn get(&self, row: usize, column: &str) -> Option<&str> {
+        let index = self.columns.iter().position(|c| c == column)?;
+        self.rows.get(row)?.get(index)?.as_deref()
+    }
+}
+
+/// What the server sent while the connection is in CopyBoth mode.
+#[derive(Debug)]
+pub enum CopyEvent {
+    Frame(ReplicationFrame),
+    /// The server ended the stream (CopyDone); the command completes after it.
+    Done,
+}
+
+/// Which kind of session to open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionKind {
+    /// An ordinary session.
+    Sql,
+    /// `replication=database`: replication commands and simple SQL on one database.
+    LogicalReplication,
+}
+
+/// One connection to PostgreSQL.
+pub struct PgConnection {
+    stream: TcpStream,
+    read_buf: BytesMut,
+    write_buf: BytesMut,
+    parameters: HashMap<String, String>,
+    backend_pid: i32,
+    in_copy_both: bool,
+}
+
+impl PgConnection {
+    /// Connect and authenticate.
+    pub async fn connect(params: &ConnectParams, kind: SessionKind) -> Result<Self, PgError> {
+        let addr = format!("{}:{}", params.host, params.port);
+        let secs = params.connect_timeout_secs;
+        let attempt = Self::connect_inner(params, kind, &addr);
+        if secs == 0 {
+            return attempt.await;
+        }
+        tokio::time::timeout(Duration::from_secs(secs), attempt)
+            .await
+            .map_err(|_| PgError::ConnectTimeout { addr, secs })?
+    }
+
+    async fn connect_inner(
+        params: &ConnectParams,
+        kind: SessionKind,
+        addr: &str,
+    ) -> Result<Self, PgError> {
+        let stream = TcpStream::connect((params.host.as_str(), params.port))
+            .await
+            .map_err(|source| PgError::Connect {
+                addr: addr.to_owned(),
+                source,
+            })?;
+        stream.set_nodelay(true)?;
+        let mut conn = PgConnection {
+            stream,
+            read_buf: BytesMut::with_capacity(64 * 1024),
+            write_buf: BytesMut::with_capacity(1024),
+            parameters: HashMap::new(),
+            backend_pid: 0,
+            in_copy_both: false,
+        };
+        let mut startup: Vec<(&str, &str)> = vec![
+            ("user", &params.user),
+            ("database", &params.dbname),
+            ("application_name", &params.application_name),
+            ("client_encoding", "UTF8"),
+        ];
+        if kind == SessionKind::LogicalReplication {
+            startup.push(("replication", "database"));
+        }
+        frontend::startup_message(startup, &mut conn.write_buf)?;
+        conn.flush().await?;
+        conn.authenticate(params).await?;
+        conn.wait_ready().await?;
+        Ok(conn)
+    }
+
+    async fn authenticate(&mut self, params: &ConnectParams) -> Result<(), PgError> {
+        let auth_error = |reason: String| PgError::Authentication {
+            user: params.user.clone(),
+            reason,
+        };
+        let password = || {
+            params.password.as_ref().map(|p| p.expose().as_bytes()).ok_or_else(|| {
+                auth_error(
+                    "the server asks for a password but the postgres url has none; add it as postgres://user:password@host/db".into(),
+                )
+            })
+        };
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            match self.read_message().await? {
+                Message::AuthenticationOk => return Ok(()),
+                Message::AuthenticationCleartextPassword => {
+                    frontend::password_message(password()?, &mut self.write_buf)?;
+                }
+                Message::AuthenticationMd5Password(body) => {
+                    let hash = md5_hash(params.user.as_bytes(), password()?, body.salt());
+                    frontend::password_message(hash.as_bytes(), &mut self.write_buf)?;
+                }
+                Message::AuthenticationSasl(body) => {
+                    let mut mechanisms = body.mechanisms();
+                    let mut offered = Vec::new();
+                    while let Some(mechanism) = mechanisms.next()? {
+                        offered.push(mechanism.to_owned());
+                    }
+                    if !offered.iter().any(|m| m == SCRAM_SHA_256) {
+                        return Err(auth_error(format!(
+                            "the server offers SASL mechanisms {offered:?}; only {SCRAM_SHA_256} is supported"
+                        )));
+                    }
+                    let client = ScramSha256::new(password()?, ChannelBinding::unsupported());
+                    frontend::sasl_initial_response(
+                        SCRAM_SHA_256,
+                        client.message(),
+                        &mut self.write_buf,
+                    )?;
+                    scram = Some(client);
+                }
+                Message::AuthenticationSaslContinue(body) => {
+                    let client = scram.as_mut().ok_or_else(|| {
+                        PgError::Protocol("SASL continue before SASL start".into())
+                    })?;
+                    client
+                        .update(body.data())
+                        .map_err(|e| auth_error(format!("SCRAM exchange failed: {e}")))?;
+                    frontend::sasl_response(client.message(), &mut self.write_buf)?;
+                }
+                Message::AuthenticationSaslFinal(body) => {
+                    let client = scram
+                        .as_mut()
+                        .ok_or_else(|| PgError::Protocol("SASL final before SASL start".into()))?;
+                    client.finish(body.data()).map_err(|e| {
+                        auth_error(format!("the server's SCRAM signature did not verify: {e}"))
+                    })?;
+                    continue;
+                }
+                Message::ErrorResponse(body) => {
+                    let error = DbError::from_fields(body.fields());
+                    // 28P01 invalid_password, 28000 invalid_authorization_specification.
+                    if error.code.starts_with("28") {
+                        return Err(auth_error(error.message));
+                    }
+                    return Err(PgError::Db(error));
+                }
+                Message::AuthenticationKerberosV5
+                | Message::AuthenticationScmCredential
+                | Message::AuthenticationGss
+                | Message::AuthenticationSspi
+                | Message::AuthenticationGssContinue(_) => {
+                    return Err(auth_error(
+                        "the server asks for an authentication method outside trust, password, md5 and scram-sha-256; change pg_hba.conf for this user".into(),
+                    ));
+                }
+                _ => {
+                    return Err(PgError::Protocol(
+                        "unexpected message during authentication".into(),
+                    ))
+                }
+            }
+            self.flush().await?;
+        }
+    }
+
+    /// After authentication: parameter statuses and backend key data until ReadyForQuery.
+    async fn wait_ready(&mut self) -> Result<(), PgError> {
+        loop {
+            match self.read_message().await? {
+                Message::ReadyForQuery(_) => return Ok(()),
+                Message::ParameterStatus(body) => {
+                    self.parameters
+                        .insert(body.name()?.to_owned(), body.value()?.to_owned());
+                }
+                Message::BackendKeyData(body) => self.backend_pid = body.process_id(),
+                Message::NoticeResponse(_) => {}
+                Message::ErrorResponse(body) => {
+                    return Err(PgError::Db(DbError::from_fields(body.fields())))
+                }
+                _ => {
+                    return Err(PgError::Protocol(
+                        "unexpected message during startup".into(),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// A server parameter reported at startup (`server_version`, ...).
+    pub fn parameter(&self, name: &str) -> Option<&str> {
+        self.parameters.get(name).map(String::as_str)
+    }
+
+    /// The server process id of this session.
+    pub fn backend_pid(&self) -> i32 {
+        self.backend_pid
+    }
+
+    /// Run one statement with the simple query protocol (also replication commands).
+    /// Returns the rows of the last result set.
+    pub async fn simple_query(&mut self, sql: &str) -> Result<QueryResult, PgError> {
+        frontend::query(sql, &mut self.write_buf)?;
+        self.flush().await?;
+        let mut result = QueryResult::default();
+        let mut error = None;
+        loop {
+            match self.read_message().await? {
+                Message::RowDescription(body) => {
+                    result = QueryResult::default();
+                    let mut fields = body.fields();
+                    while let Some(field) = fields.next()? {
+                        result.columns.push(field.name().to_owned());
+                    }
+                }
+                Message::DataRow(body) => {
+                    let buffer = body.buffer();
+                    let mut ranges = body.ranges();
+                    let mut row = Vec::with_capacity(result.columns.len());
+                    while let Some(range) = ranges.next()? {
+                        row.push(match range {
+                            Some(range) => {
+                                let bytes = buffer.get(range).ok_or_else(|| {
+                                    PgError::Protocol("DataRow value out of bounds".into())
+                                })?;
+                                Some(String::from_utf8_lossy(bytes).into_owned())
+                            }
+                            None => None,
+                        });
+                    }
+                    result.rows.push(row);
+                }
+                Message::CommandComplete(_)
+                | Message::EmptyQueryResponse
+                | Message::NoticeResponse(_)
+                | Message::ParameterStatus(_) => {}
+                Message::ErrorResponse(body) => {
+                    error = Some(DbError::from_fields(body.fields()));
+                }
+                Message::ReadyForQuery(_) => {
+                    return match error {
+                        Some(error) => Err(PgError::Db(error)),
+                        None => Ok(result),
+                    };
+                }
+                Message::CopyOutResponse(_) | Message::CopyInResponse(_) => {
+                    return Err(PgError::Protocol(format!(
+                        "statement {sql:?} started a COPY, which simple_query does not handle"
+                    )))
+                }
+                _ => return Err(PgError::Protocol("unexpected message in query".into())),
+            }
+        }
+    }
+
+    /// Send a command that enters CopyBoth mode (`START_REPLICATION ...`) and wait for
+    /// the server to confirm it.
+    pub async fn start_copy_both(&mut self, command: &str) -> Result<(), PgError> {
+        frontend::query(command, &mut self.write_buf)?;
+        self.flush().await?;
+        loop {
+            if self.try_take_copy_both_response()? {
+                self.in_copy_both = true;
+                return Ok(());
+            }
+            if let Some(message) = self.try_parse_message()? {
+                match message {
+                    Message::NoticeResponse(_) | Message::ParameterStatus(_) => continue,
+                    Message::ErrorResponse(body) => {
+                        let error = DbError::from_fields(body.fields());
+                        // Drain to ReadyForQuery so the connection stays usable.
+                        self.drain_until_ready().await?;
+                        return Err(PgError::Db(error));
+                    }
+                    _ => {
+                        return Err(PgError::Protocol(
+                            "unexpected message while starting replication".into(),
+                        ))
+                    }
+                }
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Next event of the CopyBoth stream. Cancel-safe: a partially received message
+    /// stays in the buffer.
+    pub async fn next_copy_event(&mut self) -> Result<CopyEvent, PgError> {
+        loop {
+            if let Some(message) = self.try_parse_message()? {
+                match message {
+                    Message::CopyData(body) => {
+                        return Ok(CopyEvent::Frame(ReplicationFrame::parse(
+                            body.into_bytes(),
+                        )?))
+                    }
+                    Message::CopyDone => {
+                        self.in_copy_both = false;
+                        return Ok(CopyEvent::Done);
+                    }
+                    Message::NoticeResponse(_) | Message::ParameterStatus(_) => continue,
+                    Message::ErrorResponse(body) => {
+                        return Err(PgError::Db(DbError::from_fields(body.fields())))
+                    }
+                    _ => {
+                        return Err(PgError::Protocol(
+                            "unexpected message in the replication stream".into(),
+                        ))
+                    }
+                }
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Send a standby status update.
+    pub async fn send_status(&mut self, update: &StandbyStatusUpdate) -> Result<(), PgError> {
+        let mut payload = BytesMut::with_capacity(StandbyStatusUpdate::LEN);
+        update.encode(&mut payload);
+        frontend::CopyData::new(payload.freeze())?.write(&mut self.write_buf);
+        self.flush().await
+    }
+
+    /// Leave CopyBoth mode politely and close: CopyDone, wait (bounded) for the server's
+    /// CopyDone and ReadyForQuery, then Terminate. Errors are ignored: this is shutdown.
+    pub async fn close(mut self, wait: Duration) {
+        let polite = async {
+            if self.in_copy_both {
+                frontend::copy_done(&mut self.write_buf);
+                self.flush().await?;
+                loop {
+                    match self.next_copy_event().await {
+                        Ok(CopyEvent::Done) => break,
+                        Ok(CopyEvent::Frame(_)) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                self.drain_until_ready().await?;
+            }
+            Ok::<(), PgError>(())
+        };
+        let _ = tokio::time::timeout(wait, polite).await;
+        frontend::terminate(&mut self.write_buf);
+        let _ = tokio::time::timeout(wait, self.flush()).await;
+        let _ = self.stream.shutdown().await;
+    }
+
+    async fn drain_until_ready(&mut self) -> Result<(), PgError> {
+        loop {
+            if let Message::ReadyForQuery(_) = self.read_message().await? {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), PgError> {
+        if !self.write_buf.is_empty() {
+            self.stream.write_all(&self.write_buf).await?;
+            self.write_buf.clear();
+        }
+        Ok(())
+    }
+
+    async fn read_message(&mut self) -> Result<Message, PgError> {
+        loop {
+            if let Some(message) = self.try_parse_message()? {
+                return Ok(message);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Read more bytes from the socket. Cancel-safe.
+    async fn fill(&mut self) -> Result<(), PgError> {
+        self.read_buf.reserve(64 * 1024);
+        let n = self.stream.read_buf(&mut self.read_buf).await?;
+        if n == 0 {
+            return Err(PgError::Closed);
+        }
+        Ok(())
+    }
+
+    /// Length of the complete message at the front of the buffer, if there is one.
+    fn complete_frame_len(&self) -> Result<Option<usize>, PgError> {
+        let Some(header) = self.read_buf.get(..5) else {
+            return Ok(None);
+        };
+        let declared = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+        let declared = usize::try_from(declared)
+            .map_err(|_| PgError::Protocol("message length does not fit in memory".into()))?;
+        if !(4..=MAX_MESSAGE_LEN).contains(&declared) {
+            return Err(PgError::Protocol(format!(
+                "message with tag {:#04x} declares length {declared}, outside 4..={MAX_MESSAGE_LEN}",
+                header[0]
+            )));
+        }
+        let total = declared + 1;
+        Ok((self.read_buf.len() >= total).then_some(total))
+    }
+
+    /// CopyBothResponse (`'W'`) is unknown to postgres-protocol 0.6: take it here.
+    fn try_take_copy_both_response(&mut self) -> Result<bool, PgError> {
+        if self.read_buf.first() != Some(&b'W') {
+            return Ok(false);
+        }
+        match self.complete_frame_len()? {
+            Some(total) => {
+                self.read_buf.advance(total);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn try_parse_message(&mut self) -> Result<Option<Message>, PgError> {
+        let Some(total) = self.complete_frame_len()? else {
+            return Ok(None);
+        };
+        let tag = self.read_buf[0];
+        if tag == b'W' {
+            return Err(PgError::Protocol("unexpected CopyBothResponse".into()));
+        }
+        let mut frame = self.read_buf.split_to(total);
+        match Message::parse(&mut frame) {
+            Ok(Some(message)) => Ok(Some(message)),
+            Ok(None) => Err(PgError::Protocol(format!(
+                "incomplete message with tag {tag:#04x}"
+            ))),
+            Err(e) => Err(PgError::Protocol(format!(
+                "could not parse message with tag {tag:#04x}: {e}"
+            ))),
+        }
+    }
+}

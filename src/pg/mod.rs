@@ -1,0 +1,12 @@
+//! PostgreSQL side: the replication connection, WAL positions, replication frames, the
+//! pgoutput decoder and slot/publication management.
+
+pub mod conn;
+pub mod lsn;
+pub mod pgoutput;
+pub mod replication;
+pub mod slot;
+pub mod sql;
+pub mod url;
+
+pub use lsn::Lsn;

@@ -1,0 +1,282 @@
+//! Preparing the source: checks that logical decoding can work, creates the publication
+//! and the `pgoutput` slot when missing, and builds the `START_REPLICATION` command.
+//!
+//! Every failure here is definite: the message says what is wrong and how to fix it.
+
+use std::time::Duration;
+
+use crate::pg::conn::{PgConnection, PgError};
+use crate::pg::lsn::Lsn;
+use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
+
+/// What the relay needs on the source.
+#[derive(Debug, Clone)]
+pub struct SourceSpec {
+    pub slot: String,
+    pub publication: String,
+    pub table: QualifiedName,
+}
+
+/// The result of [`prepare`].
+#[derive(Debug, Clone)]
+pub struct PreparedSource {
+    pub system_id: String,
+    pub timeline: u32,
+    /// Where the slot stands (`confirmed_flush_lsn`), or where it was created.
+    pub slot_lsn: Lsn,
+    pub slot_created: bool,
+    pub publication_created: bool,
+    pub wal_sender_timeout: Option<Duration>,
+    pub server_version: String,
+}
+
+/// A problem with the source that retrying will not fix.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{0}")]
+    Definite(String),
+    #[error(transparent)]
+    Pg(#[from] PgError),
+}
+
+fn definite(message: impl Into<String>) -> SetupError {
+    SetupError::Definite(message.into())
+}
+
+/// Check the server, create what is missing, and report where the slot stands.
+pub async fn prepare(
+    conn: &mut PgConnection,
+    spec: &SourceSpec,
+) -> Result<PreparedSource, SetupError> {
+    let server_version = conn
+        .parameter("server_version")
+        .unwrap_or("unknown")
+        .to_owned();
+    let wal_level = conn.simple_query("SHOW wal_level").await?;
+    let wal_level = wal_level
+        .rows
+        .first()
+        .and_then(|r| r.first().cloned().flatten());
+    if wal_level.as_deref() != Some("logical") {
+        return Err(definite(format!(
+            "PostgreSQL has wal_level={}, logical replication needs wal_level=logical: set wal_level=logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL",
+            wal_level.as_deref().unwrap_or("unknown")
+        )));
+    }
+
+    let identify = conn.simple_query("IDENTIFY_SYSTEM").await?;
+    let system_id = identify.get(0, "systemid").unwrap_or_default().to_owned();
+    let timeline = identify
+        .get(0, "timeline")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+
+    let table = &spec.table;
+    let exists = conn
+        .simple_query(&format!(
+            "SELECT c.relkind FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = {} AND c.relname = {}",
+            quote_literal(&table.schema),
+            quote_literal(&table.name)
+        ))
+        .await?;
+    if exists.rows.is_empty() {
+        return Err(definite(format!(
+            "outbox table {table} does not exist in this database: create it (sql/outbox.sql has the default shape) or set [outbox] table to the right name"
+        )));
+    }
+
+    let publication_created = ensure_publication(conn, spec).await?;
+    let (slot_lsn, slot_created) = ensure_slot(conn, spec).await?;
+
+    let timeout = conn.simple_query("SHOW wal_sender_timeout").await?;
+    let wal_sender_timeout = timeout
+        .rows
+        .first()
+        .and_then(|r| r.first().cloned().flatten())
+        .and_then(|text| parse_pg_duration(&text));
+
+    Ok(PreparedSource {
+        system_id,
+        timeline,
+        slot_lsn,
+        slot_created,
+        publication_created,
+        wal_sender_timeout,
+        server_version,
+    })
+}
+
+async fn ensure_publication(
+    conn: &mut PgConnection,
+    spec: &SourceSpec,
+) -> Result<bool, SetupError> {
+    let publication = &spec.publication;
+    let table = &spec.table;
+    let found = conn
+        .simple_query(&format!(
+            "SELECT pubinsert FROM pg_catalog.pg_publication WHERE pubname = {}",
+            quote_literal(publication)
+        ))
+        .await?;
+    let create = format!(
+        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
+        quote_ident(publication),
+        table.quoted()
+    );
+    if found.rows.is_empty() {
+        return match conn.simple_query(&create).await {
+            Ok(_) => {
+                tracing::info!(%publication, %table, "created publication");
+                Ok(true)
+            }
+            Err(PgError::Db(db)) if db.code == "42501" => Err(definite(format!(
+                "publication {publication:?} does not exist and this role may not create it ({}): run `{create}` as the owner of {table} (creating a publication needs ownership of the table and CREATE on the database)",
+                db.message
+            ))),
+            Err(e) => Err(e.into()),
+        };
+    }
+    if found.get(0, "pubinsert") != Some("t") {
+        return Err(definite(format!(
+            "publication {publication:?} does not publish inserts: run ALTER PUBLICATION {} SET (publish = 'insert')",
+            quote_ident(publication)
+        )));
+    }
+    let includes = conn
+        .simple_query(&format!(
+            "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = {} AND schemaname = {} AND tablename = {}",
+            quote_literal(publication),
+            quote_literal(&table.schema),
+            quote_literal(&table.name)
+        ))
+        .await?;
+    if includes.rows.is_empty() {
+        return Err(definite(format!(
+            "publication {publication:?} does not include the outbox table {table}: run ALTER PUBLICATION {} ADD TABLE {}",
+            quote_ident(publication),
+            table.quoted()
+        )));
+    }
+    Ok(false)
+}
+
+async fn ensure_slot(
+    conn: &mut PgConnection,
+    spec: &SourceSpec,
+) -> Result<(Lsn, bool), SetupError> {
+    let slot = &spec.slot;
+    let found = conn
+        .simple_query(&format!(
+            "SELECT plugin, slot_type, database, wal_status, confirmed_flush_lsn, current_database() AS current_db FROM pg_catalog.pg_replication_slots WHERE slot_name = {}",
+            quote_literal(slot)
+        ))
+        .await?;
+    if found.rows.is_empty() {
+        let created = conn
+            .simple_query(&format!(
+                "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput NOEXPORT_SNAPSHOT",
+                quote_ident(slot)
+            ))
+            .await
+            .map_err(|e| match e {
+                PgError::Db(db) if db.code == "53400" => definite(format!(
+                    "cannot create replication slot {slot:?}: {}; raise max_replication_slots (restart needed) or drop an unused slot with SELECT pg_drop_replication_slot('name')",
+                    db.message
+                )),
+                PgError::Db(db) if db.code == "42501" => definite(format!(
+                    "cannot create replication slot {slot:?}: {}; the relay's role needs the REPLICATION attribute: ALTER ROLE ... WITH REPLICATION",
+                    db.message
+                )),
+                other => other.into(),
+            })?;
+        let lsn = created
+            .get(0, "consistent_point")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_default();
+        tracing::info!(%slot, %lsn, "created replication slot");
+        return Ok((lsn, true));
+    }
+    let plugin = found.get(0, "plugin").unwrap_or_default();
+    if found.get(0, "slot_type") != Some("logical") || plugin != "pgoutput" {
+        return Err(definite(format!(
+            "replication slot {slot:?} exists but is not a logical pgoutput slot (plugin {plugin:?}): choose another [postgres] slot name or drop it with SELECT pg_drop_replication_slot({})",
+            quote_literal(slot)
+        )));
+    }
+    if found.get(0, "database") != found.get(0, "current_db") {
+        return Err(definite(format!(
+            "replication slot {slot:?} belongs to database {:?}, not {:?}: choose another [postgres] slot name",
+            found.get(0, "database").unwrap_or_default(),
+            found.get(0, "current_db").unwrap_or_default()
+        )));
+    }
+    if found.get(0, "wal_status") == Some("lost") {
+        return Err(definite(format!(
+            "replication slot {slot:?} is invalidated (wal_status = lost): the WAL it needed was removed, usually because of max_slot_wal_keep_size. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}) and start again (a new slot starts at the current position), then reconcile the outbox rows written meanwhile",
+            quote_literal(slot)
+        )));
+    }
+    let lsn = found
+        .get(0, "confirmed_flush_lsn")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_default();
+    Ok((lsn, false))
+}
+
+/// The `START_REPLICATION` command for protocol version 1 (a transaction is sent only
+/// after it committed).
+pub fn start_replication_command(spec: &SourceSpec, from: Lsn) -> String {
+    format!(
+        "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
+        quote_ident(&spec.slot),
+        from,
+        quote_literal(&quote_ident(&spec.publication))
+    )
+}
+
+/// Parse a PostgreSQL duration setting as `SHOW` prints it: `60s`, `1min`, `500ms`, `0`.
+pub fn parse_pg_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits_end);
+    let number: u64 = number.parse().ok()?;
+    let millis = match unit.trim() {
+        "" | "ms" => number,
+        "s" => number.checked_mul(1000)?,
+        "min" => number.checked_mul(60_000)?,
+        "h" => number.checked_mul(3_600_000)?,
+        "d" => number.checked_mul(86_400_000)?,
+        _ => return None,
+    };
+    Some(Duration::from_millis(millis))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_command_quotes_names() {
+        let spec = SourceSpec {
+            slot: "s\"lot".into(),
+            publication: "pub'x".into(),
+            table: QualifiedName::parse("public.outbox").unwrap(),
+        };
+        assert_eq!(
+            start_replication_command(&spec, Lsn(0x1_0000_0010)),
+            "START_REPLICATION SLOT \"s\"\"lot\" LOGICAL 1/10 (proto_version '1', publication_names '\"pub''x\"')"
+        );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_pg_duration("60s"), Some(Duration::from_secs(60)));
+        assert_eq!(parse_pg_duration("1min"), Some(Duration::from_secs(60)));
+        assert_eq!(parse_pg_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_pg_duration("0"), Some(Duration::ZERO));
+        assert_eq!(parse_pg_duration("2h"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_pg_duration("soon"), None);
+    }
+}

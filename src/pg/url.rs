@@ -1,0 +1,238 @@
+//! Connection URLs in libpq URI form: `postgres://user:password@host:port/dbname?param=value`.
+
+use std::fmt;
+
+/// A secret string whose `Debug` and `Display` never show the value.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+/// Where and as whom to connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectParams {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<Secret>,
+    pub dbname: String,
+    pub application_name: String,
+    pub connect_timeout_secs: u64,
+}
+
+/// The default port of PostgreSQL.
+pub const DEFAULT_PORT: u16 = 5432;
+/// libpq has no connect timeout by default; a relay should not hang forever on a dead host.
+pub const DEFAULT_CONNECT_TIMEOUT_SECS: u64 = 10;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid postgres url: {0} (expected postgres://user:password@host:port/dbname)")]
+pub struct UrlError(String);
+
+impl ConnectParams {
+    /// Parse a libpq URI. Percent-encoded user, password and database names are decoded.
+    pub fn from_url(url: &str) -> Result<Self, UrlError> {
+        let rest = url
+            .strip_prefix("postgres://")
+            .or_else(|| url.strip_prefix("postgresql://"))
+            .ok_or_else(|| UrlError("it must start with postgres:// or postgresql://".into()))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.split_once('/') {
+            Some((a, p)) => (a, p),
+            None => (rest, ""),
+        };
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let (user, password) = match userinfo {
+            Some(info) => match info.split_once(':') {
+                Some((u, p)) => (decode(u)?, Some(Secret(decode(p)?))),
+                None => (decode(info)?, None),
+            },
+            None => (String::new(), None),
+        };
+        let (host, port) = split_host_port(hostport)?;
+        let mut params = ConnectParams {
+            host: if host.is_empty() {
+                "localhost".into()
+            } else {
+                host
+            },
+            port,
+            user,
+            password,
+            dbname: decode(path)?,
+            application_name: "outbox-relay".into(),
+            connect_timeout_secs: DEFAULT_CONNECT_TIMEOUT_SECS,
+        };
+        for pair in query.into_iter().flat_map(|q| q.split('&')) {
+            if pair.is_empty() {
+                continue;
+            }
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| UrlError(format!("parameter {pair:?} has no '='")))?;
+            let value = decode(value)?;
+            match key {
+                "user" => params.user = value,
+                "password" => params.password = Some(Secret(value)),
+                "dbname" => params.dbname = value,
+                "host" => params.host = value,
+                "port" => params.port = parse_port(&value)?,
+                "application_name" => params.application_name = value,
+                "connect_timeout" => {
+                    params.connect_timeout_secs = value.parse().map_err(|_| {
+                        UrlError(format!("connect_timeout {value:?} is not a number of seconds"))
+                    })?
+                }
+                "sslmode" if value == "disable" || value == "allow" || value == "prefer" => {}
+                "sslmode" => {
+                    return Err(UrlError(format!(
+                        "sslmode={value} is not supported yet: TLS is not implemented; use sslmode=disable on a trusted network"
+                    )))
+                }
+                other => {
+                    return Err(UrlError(format!(
+                        "unknown parameter {other:?}; supported: user, password, dbname, host, port, application_name, connect_timeout, sslmode"
+                    )))
+                }
+            }
+        }
+        if params.user.is_empty() {
+            return Err(UrlError("no user name given".into()));
+        }
+        if params.dbname.is_empty() {
+            return Err(UrlError(
+                "no database name given: logical replication needs one".into(),
+            ));
+        }
+        Ok(params)
+    }
+
+    /// The URL with the password hidden, for logs and error messages.
+    pub fn redacted(&self) -> String {
+        format!(
+            "postgres://{}{}@{}:{}/{}",
+            self.user,
+            if self.password.is_some() { ":***" } else { "" },
+            self.host,
+            self.port,
+            self.dbname
+        )
+    }
+}
+
+fn split_host_port(hostport: &str) -> Result<(String, u16), UrlError> {
+    if let Some(inner) = hostport.strip_prefix('[') {
+        let (host, after) = inner
+            .split_once(']')
+            .ok_or_else(|| UrlError("unclosed '[' in IPv6 host".into()))?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => parse_port(p)?,
+            None if after.is_empty() => DEFAULT_PORT,
+            None => return Err(UrlError(format!("unexpected {after:?} after IPv6 host"))),
+        };
+        return Ok((host.to_owned(), port));
+    }
+    match hostport.rsplit_once(':') {
+        Some((host, port)) => Ok((decode(host)?, parse_port(port)?)),
+        None => Ok((decode(hostport)?, DEFAULT_PORT)),
+    }
+}
+
+fn parse_port(text: &str) -> Result<u16, UrlError> {
+    match text.parse::<u16>() {
+        Ok(port) if port != 0 => Ok(port),
+        _ => Err(UrlError(format!(
+            "port {text:?} is not a number from 1 to 65535"
+        ))),
+    }
+}
+
+fn decode(text: &str) -> Result<String, UrlError> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        if b == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| UrlError(format!("bad percent-escape in {text:?}")))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| UrlError(format!("{text:?} is not UTF-8 once decoded")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_full_url() {
+        let p = ConnectParams::from_url(
+            "postgres://relay:s%40cret@db.example:6543/app?application_name=x",
+        )
+        .unwrap();
+        assert_eq!(p.user, "relay");
+        assert_eq!(p.password.as_ref().unwrap().expose(), "s@cret");
+        assert_eq!(p.host, "db.example");
+        assert_eq!(p.port, 6543);
+        assert_eq!(p.dbname, "app");
+        assert_eq!(p.application_name, "x");
+        assert_eq!(p.redacted(), "postgres://relay:***@db.example:6543/app");
+        assert!(!format!("{p:?}").contains("s@cret"));
+    }
+
+    #[test]
+    fn defaults_and_ipv6() {
+        let p = ConnectParams::from_url("postgresql://u@[::1]/d").unwrap();
+        assert_eq!(
+            (p.host.as_str(), p.port, p.password.is_none()),
+            ("::1", DEFAULT_PORT, true)
+        );
+        let p = ConnectParams::from_url("postgres://u@/d").unwrap();
+        assert_eq!(p.host, "localhost");
+    }
+
+    #[test]
+    fn rejects_malformed_urls_with_reason() {
+        for (url, needle) in [
+            ("mysql://u@h/d", "must start with"),
+            ("postgres://u@h:notaport/d", "port"),
+            ("postgres://u@h:0/d", "port"),
+            ("postgres://h:5432/d", "no user"),
+            ("postgres://u@h:5432", "no database"),
+            ("postgres://u@h/d?sslmode=require", "TLS"),
+            ("postgres://u@h/d?bogus=1", "unknown parameter"),
+            ("postgres://u:%zz@h/d", "percent"),
+        ] {
+            let err = ConnectParams::from_url(url).unwrap_err().to_string();
+            assert!(err.contains(needle), "{url}: {err}");
+        }
+    }
+}

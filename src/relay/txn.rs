@@ -1,0 +1,402 @@
+//! Transaction assembly: turns the decoded pgoutput stream into Begin / event / Commit
+//! steps, keeping a relation cache that every Relation message refreshes.
+//!
+//! Protocol version 1 sends a transaction only after it committed, so events are handed
+//! on as they are decoded; nothing is buffered per transaction and nothing is rolled back.
+
+use std::collections::HashMap;
+
+use crate::pg::pgoutput::{PgOutputMessage, RelationBody};
+use crate::pg::sql::QualifiedName;
+use crate::pg::Lsn;
+use crate::relay::router::{EventContext, OutboxEvent, ResolvedColumns, RouteError, Router};
+use crate::sink::TxnSeq;
+
+/// What the pipeline must do after one message.
+#[derive(Debug)]
+pub enum Step {
+    /// A transaction began; register it with the ack tracker.
+    Begin { seq: TxnSeq },
+    /// An outbox row of transaction `seq`, routed (or why it could not be).
+    Event {
+        seq: TxnSeq,
+        event: Result<OutboxEvent, RoutedRowError>,
+    },
+    /// Transaction `seq` committed.
+    Commit { seq: TxnSeq, end_lsn: Lsn },
+    /// Nothing to do (relation cache update, other tables, origin, type).
+    Nothing,
+}
+
+/// A row of the outbox table that could not be routed, with where it came from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("outbox row at {lsn} in {table}: {error}")]
+pub struct RoutedRowError {
+    pub table: String,
+    pub lsn: Lsn,
+    pub error: RouteError,
+}
+
+/// The stream broke the protocol's rules: definite, the relay stops.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssemblyError {
+    #[error("{message} arrived outside a transaction")]
+    OutsideTransaction { message: &'static str },
+    #[error("Begin arrived inside transaction {xid}")]
+    NestedBegin { xid: u32 },
+    #[error("change for relation {relation_id} arrived before its Relation message")]
+    UnknownRelation { relation_id: u32 },
+    #[error("unexpected {message} message: the relay asks for protocol version 1 without streaming or two-phase")]
+    Unexpected { message: &'static str },
+}
+
+struct CachedRelation {
+    is_outbox: bool,
+    display_name: String,
+    columns: ResolvedColumns,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct OpenTxn {
+    seq: TxnSeq,
+    xid: u32,
+    final_lsn: Lsn,
+    commit_ts_ms: i64,
+}
+
+/// Begin..Commit assembly with a relation cache.
+pub struct TxnAssembler {
+    router: Router,
+    table: QualifiedName,
+    relations: HashMap<u32, CachedRelation>,
+    open: Option<OpenTxn>,
+    next_seq: TxnSeq,
+}
+
+impl TxnAssembler {
+    pub fn new(router: Router, table: QualifiedName, first_seq: TxnSeq) -> Self {
+        TxnAssembler {
+            router,
+            table,
+            relations: HashMap::new(),
+            open: None,
+            next_seq: first_seq,
+        }
+    }
+
+    /// The sequence number the next transaction will get.
+    pub fn next_seq(&self) -> TxnSeq {
+        self.next_seq
+    }
+
+    /// Apply one message. `wal_start` is the XLogData header's start position.
+    pub fn apply(
+        &mut self,
+        message: PgOutputMessage,
+        wal_start: Lsn,
+    ) -> Result<Step, AssemblyError> {
+        match message {
+            PgOutputMessage::Begin {
+                final_lsn,
+                commit_ts,
+                xid,
+            } => {
+                if let Some(open) = self.open {
+                    return Err(AssemblyError::NestedBegin { xid: open.xid });
+                }
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                self.open = Some(OpenTxn {
+                    seq,
+                    xid,
+                    final_lsn,
+                    commit_ts_ms: commit_ts.unix_millis(),
+                });
+                Ok(Step::Begin { seq })
+            }
+            PgOutputMessage::Commit { end_lsn, .. } => {
+                let open = self
+                    .open
+                    .take()
+                    .ok_or(AssemblyError::OutsideTransaction { message: "Commit" })?;
+                Ok(Step::Commit {
+                    seq: open.seq,
+                    end_lsn,
+                })
+            }
+            PgOutputMessage::Relation(body) => {
+                self.cache_relation(body);
+                Ok(Step::Nothing)
+            }
+            PgOutputMessage::Insert {
+                relation_id,
+                new_tuple,
+                ..
+            } => {
+                let open = self
+                    .open
+                    .ok_or(AssemblyError::OutsideTransaction { message: "Insert" })?;
+                let relation = self
+                    .relations
+                    .get(&relation_id)
+                    .ok_or(AssemblyError::UnknownRelation { relation_id })?;
+                if !relation.is_outbox {
+                    return Ok(Step::Nothing);
+                }
+                // Insert messages carry their record's position; fall back to the commit's.
+                let lsn = if wal_start.is_zero() {
+                    open.final_lsn
+                } else {
+                    wal_start
+                };
+                let context = EventContext {
+                    lsn,
+                    commit_ts_ms: open.commit_ts_ms,
+                };
+                let event = self
+                    .router
+                    .route(&relation.columns, &new_tuple, context)
+                    .map_err(|error| RoutedRowError {
+                        table: relation.display_name.clone(),
+                        lsn,
+                        error,
+                    });
+                Ok(Step::Event {
+                    seq: open.seq,
+                    event,
+                })
+            }
+            // The publication asks for inserts only; updates and deletes (a publication
+            // changed by hand) are not events.
+            PgOutputMessage::Update { .. } | PgOutputMessage::Delete { .. } => Ok(Step::Nothing),
+            PgOutputMessage::Origin { .. }
+            | PgOutputMessage::Type { .. }
+            | PgOutputMessage::Truncate { .. }
+            | PgOutputMessage::Message { .. } => Ok(Step::Nothing),
+            PgOutputMessage::StreamStart { .. } => Err(AssemblyError::Unexpected {
+                message: "Stream Start",
+            }),
+            PgOutputMessage::StreamStop => Err(AssemblyError::Unexpected {
+                message: "Stream Stop",
+            }),
+            PgOutputMessage::StreamCommit { .. } => Err(AssemblyError::Unexpected {
+                message: "Stream Commit",
+            }),
+            PgOutputMessage::StreamAbort { .. } => Err(AssemblyError::Unexpected {
+                message: "Stream Abort",
+            }),
+            PgOutputMessage::StreamPrepare { .. } => Err(AssemblyError::Unexpected {
+                message: "Stream Prepare",
+            }),
+            PgOutputMessage::BeginPrepare { .. } => Err(AssemblyError::Unexpected {
+                message: "Begin Prepare",
+            }),
+            PgOutputMessage::Prepare { .. } => {
+                Err(AssemblyError::Unexpected { message: "Prepare" })
+            }
+            PgOutputMessage::CommitPrepared { .. } => Err(AssemblyError::Unexpected {
+                message: "Commit Prepared",
+            }),
+            PgOutputMessage::RollbackPrepared { .. } => Err(AssemblyError::Unexpected {
+                message: "Rollback Prepared",
+            }),
+        }
+    }
+
+    fn cache_relation(&mut self, body: RelationBody) {
+        let is_outbox = body.namespace == self.table.schema && body.name == self.table.name;
+        let cached = CachedRelation {
+            is_outbox,
+            display_name: format!("{}.{}", body.namespace, body.name),
+            columns: self.router.resolve(&body),
+        };
+        self.relations.insert(body.relation_id, cached);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OutboxConfig;
+    use crate::pg::pgoutput::{ColumnValue, PgTimestamp, RelationColumn, TupleData};
+
+    fn assembler() -> TxnAssembler {
+        TxnAssembler::new(
+            Router::new(&OutboxConfig::default()),
+            QualifiedName::parse("public.outbox").unwrap(),
+            0,
+        )
+    }
+
+    fn relation(id: u32, name: &str, columns: &[&str]) -> PgOutputMessage {
+        PgOutputMessage::Relation(RelationBody {
+            xid: None,
+            relation_id: id,
+            namespace: "public".into(),
+            name: name.into(),
+            replica_identity: b'd',
+            columns: columns
+                .iter()
+                .map(|c| RelationColumn {
+                    is_key: false,
+                    name: (*c).into(),
+                    type_oid: 25,
+                    type_modifier: -1,
+                })
+                .collect(),
+        })
+    }
+
+    fn insert(relation_id: u32, values: &[&str]) -> PgOutputMessage {
+        PgOutputMessage::Insert {
+            xid: None,
+            relation_id,
+            new_tuple: TupleData {
+                columns: values
+                    .iter()
+                    .map(|v| ColumnValue::Text(v.as_bytes().to_vec()))
+                    .collect(),
+            },
+        }
+    }
+
+    fn begin() -> PgOutputMessage {
+        PgOutputMessage::Begin {
+            final_lsn: Lsn(90),
+            commit_ts: PgTimestamp(0),
+            xid: 7,
+        }
+    }
+
+    fn commit(end: u64) -> PgOutputMessage {
+        PgOutputMessage::Commit {
+            flags: 0,
+            commit_lsn: Lsn(end - 8),
+            end_lsn: Lsn(end),
+            commit_ts: PgTimestamp(0),
+        }
+    }
+
+    #[test]
+    fn assembles_a_transaction_and_routes_only_the_outbox() {
+        let mut a = assembler();
+        let cols = ["id", "aggregatetype", "aggregateid", "type", "payload"];
+        assert!(matches!(
+            a.apply(begin(), Lsn(0)).unwrap(),
+            Step::Begin { seq: 0 }
+        ));
+        assert!(matches!(
+            a.apply(relation(1, "outbox", &cols), Lsn(0)).unwrap(),
+            Step::Nothing
+        ));
+        assert!(matches!(
+            a.apply(relation(2, "orders", &["id"]), Lsn(0)).unwrap(),
+            Step::Nothing
+        ));
+        match a
+            .apply(insert(1, &["e1", "Order", "o1", "T", "{}"]), Lsn(80))
+            .unwrap()
+        {
+            Step::Event {
+                seq: 0,
+                event: Ok(event),
+            } => {
+                assert_eq!(event.topic, "outbox.event.Order");
+                assert_eq!(event.lsn, Lsn(80));
+            }
+            other => panic!("expected an event, got {other:?}"),
+        }
+        assert!(matches!(
+            a.apply(insert(2, &["x"]), Lsn(85)).unwrap(),
+            Step::Nothing
+        ));
+        assert!(matches!(
+            a.apply(commit(100), Lsn(100)).unwrap(),
+            Step::Commit {
+                seq: 0,
+                end_lsn: Lsn(100)
+            }
+        ));
+        assert!(matches!(
+            a.apply(begin(), Lsn(0)).unwrap(),
+            Step::Begin { seq: 1 }
+        ));
+    }
+
+    #[test]
+    fn a_new_relation_message_re_resolves_columns() {
+        let mut a = assembler();
+        a.apply(
+            relation(
+                1,
+                "outbox",
+                &["id", "aggregatetype", "aggregateid", "payload"],
+            ),
+            Lsn(0),
+        )
+        .unwrap();
+        a.apply(begin(), Lsn(0)).unwrap();
+        // After ALTER TABLE the column order changes; the next Relation message says so.
+        a.apply(
+            relation(
+                1,
+                "outbox",
+                &["payload", "x", "aggregatetype", "id", "aggregateid"],
+            ),
+            Lsn(0),
+        )
+        .unwrap();
+        match a
+            .apply(insert(1, &["{}", "1", "User", "e9", "u"]), Lsn(5))
+            .unwrap()
+        {
+            Step::Event {
+                event: Ok(event), ..
+            } => {
+                assert_eq!(event.topic, "outbox.event.User");
+                assert_eq!(event.key.as_deref(), Some("e9"));
+            }
+            other => panic!("expected an event, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unroutable_rows_are_reported_with_their_position() {
+        let mut a = assembler();
+        a.apply(relation(1, "outbox", &["id", "payload"]), Lsn(0))
+            .unwrap();
+        a.apply(begin(), Lsn(0)).unwrap();
+        match a.apply(insert(1, &["e1", "{}"]), Lsn(0)).unwrap() {
+            Step::Event {
+                event: Err(err), ..
+            } => {
+                assert_eq!(err.lsn, Lsn(90), "falls back to the commit position");
+                assert!(err.to_string().contains("aggregatetype"), "{err}");
+                assert!(err.to_string().contains("public.outbox"), "{err}");
+            }
+            other => panic!("expected a routing error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn protocol_violations_are_errors() {
+        let mut a = assembler();
+        assert!(matches!(
+            a.apply(commit(10), Lsn(0)),
+            Err(AssemblyError::OutsideTransaction { message: "Commit" })
+        ));
+        a.apply(begin(), Lsn(0)).unwrap();
+        assert!(matches!(
+            a.apply(begin(), Lsn(0)),
+            Err(AssemblyError::NestedBegin { .. })
+        ));
+        assert!(matches!(
+            a.apply(insert(42, &["x"]), Lsn(0)),
+            Err(AssemblyError::UnknownRelation { relation_id: 42 })
+        ));
+        assert!(matches!(
+            a.apply(PgOutputMessage::StreamStop, Lsn(0)),
+            Err(AssemblyError::Unexpected { .. })
+        ));
+    }
+}

@@ -1,0 +1,210 @@
+//! The embedded default sink: one JSON object per event and line on stdout.
+//!
+//! ```text
+//! {"topic":"outbox.event.order","key":"…","headers":{"id":"…"},"value":<payload>,"lsn":"0/16B3748"}
+//! ```
+//! `value` is the payload: JSON written as JSON, other text as a JSON string, SQL NULL
+//! as `null`. An event counts as delivered once its line is written and flushed.
+
+use std::io::Write;
+
+use crate::relay::router::{OutboxEvent, PayloadFormat};
+use crate::sink::{DeliveryReport, ReportSender, Sink, SinkError, TxnSeq};
+
+/// Writes JSON lines to any writer (stdout in production, a buffer in tests).
+pub struct StdoutSink<W: Write + Send> {
+    out: std::io::BufWriter<W>,
+    reports: ReportSender,
+    /// Events written since the last flush, by transaction, in order.
+    unflushed: Vec<TxnSeq>,
+    line: Vec<u8>,
+}
+
+impl StdoutSink<std::io::Stdout> {
+    pub fn stdout(reports: ReportSender) -> Self {
+        StdoutSink::new(std::io::stdout(), reports)
+    }
+}
+
+impl<W: Write + Send> StdoutSink<W> {
+    pub fn new(out: W, reports: ReportSender) -> Self {
+        StdoutSink {
+            out: std::io::BufWriter::with_capacity(256 * 1024, out),
+            reports,
+            unflushed: Vec::new(),
+            line: Vec::with_capacity(1024),
+        }
+    }
+
+    #[cfg(test)]
+    fn into_inner(self) -> W {
+        match self.out.into_inner() {
+            Ok(inner) => inner,
+            Err(e) => panic!("flush failed: {}", e.error()),
+        }
+    }
+}
+
+/// Render one event as a JSON line (with the trailing newline).
+pub fn render_line(event: &OutboxEvent, line: &mut Vec<u8>) {
+    line.clear();
+    line.extend_from_slice(b"{\"topic\":");
+    push_json_string(line, &event.topic);
+    line.extend_from_slice(b",\"key\":");
+    match &event.key {
+        Some(key) => push_json_string(line, key),
+        None => line.extend_from_slice(b"null"),
+    }
+    line.extend_from_slice(b",\"headers\":{");
+    for (i, header) in event.headers.iter().enumerate() {
+        if i > 0 {
+            line.push(b',');
+        }
+        push_json_string(line, &header.name);
+        line.push(b':');
+        match &header.value {
+            Some(value) => push_json_string(line, value),
+            None => line.extend_from_slice(b"null"),
+        }
+    }
+    line.extend_from_slice(b"},\"value\":");
+    match (&event.payload, event.payload_format) {
+        (None, _) => line.extend_from_slice(b"null"),
+        (Some(bytes), PayloadFormat::Json) => line.extend_from_slice(bytes),
+        (Some(bytes), PayloadFormat::Text) if is_json_document(bytes) => {
+            line.extend_from_slice(bytes)
+        }
+        (Some(bytes), PayloadFormat::Text) => {
+            push_json_string(line, &String::from_utf8_lossy(bytes))
+        }
+        (Some(bytes), PayloadFormat::Binary) => {
+            let mut hex = String::with_capacity(2 + bytes.len() * 2);
+            hex.push_str("\\x");
+            for b in bytes {
+                hex.push_str(&format!("{b:02x}"));
+            }
+            push_json_string(line, &hex)
+        }
+    }
+    line.extend_from_slice(b",\"lsn\":\"");
+    line.extend_from_slice(event.lsn.to_string().as_bytes());
+    line.extend_from_slice(b"\"}\n");
+}
+
+/// A text payload that is itself a JSON object or array is written as JSON.
+fn is_json_document(bytes: &[u8]) -> bool {
+    let trimmed = bytes.trim_ascii_start();
+    matches!(trimmed.first(), Some(b'{') | Some(b'['))
+        && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+}
+
+fn push_json_string(line: &mut Vec<u8>, text: &str) {
+    // serde_json's string escaping is exact and fast; writing into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *line, text);
+}
+
+impl<W: Write + Send> Sink for StdoutSink<W> {
+    fn send(&mut self, event: &OutboxEvent, txn: TxnSeq) -> Result<(), SinkError> {
+        render_line(event, &mut self.line);
+        self.out.write_all(&self.line)?;
+        self.unflushed.push(txn);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), SinkError> {
+        if self.unflushed.is_empty() {
+            return Ok(());
+        }
+        self.out.flush()?;
+        for txn in self.unflushed.drain(..) {
+            // A closed channel means the pipeline is gone; nothing is left to tell.
+            let _ = self.reports.send(DeliveryReport {
+                txn,
+                result: Ok(()),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pg::Lsn;
+    use crate::relay::router::Header;
+
+    fn event(payload: Option<&str>, format: PayloadFormat) -> OutboxEvent {
+        OutboxEvent {
+            topic: "outbox.event.order".into(),
+            key: Some("k\"1".into()),
+            headers: vec![Header {
+                name: "id".into(),
+                value: Some("k\"1".into()),
+            }],
+            payload: payload.map(|p| p.as_bytes().to_vec()),
+            payload_format: format,
+            lsn: Lsn(0x1_0000_00AB),
+            timestamp_ms: 0,
+        }
+    }
+
+    fn line_of(event: &OutboxEvent) -> serde_json::Value {
+        let mut line = Vec::new();
+        render_line(event, &mut line);
+        assert_eq!(line.last(), Some(&b'\n'));
+        serde_json::from_slice(&line).unwrap()
+    }
+
+    #[test]
+    fn json_payload_is_written_as_json() {
+        let v = line_of(&event(Some("{\"a\": [1, \"ü\"]}"), PayloadFormat::Json));
+        assert_eq!(v["value"], serde_json::json!({"a": [1, "ü"]}));
+        assert_eq!(v["topic"], "outbox.event.order");
+        assert_eq!(v["key"], "k\"1");
+        assert_eq!(v["headers"], serde_json::json!({"id": "k\"1"}));
+        assert_eq!(v["lsn"], "1/AB");
+    }
+
+    #[test]
+    fn text_null_and_binary_payloads() {
+        assert_eq!(
+            line_of(&event(Some("plain \"text\""), PayloadFormat::Text))["value"],
+            "plain \"text\""
+        );
+        assert_eq!(
+            line_of(&event(Some("[1,2]"), PayloadFormat::Text))["value"],
+            serde_json::json!([1, 2])
+        );
+        assert_eq!(
+            line_of(&event(Some("{broken"), PayloadFormat::Text))["value"],
+            "{broken"
+        );
+        assert_eq!(
+            line_of(&event(None, PayloadFormat::Json))["value"],
+            serde_json::Value::Null
+        );
+        assert_eq!(
+            line_of(&event(Some("AB"), PayloadFormat::Binary))["value"],
+            "\\x4142"
+        );
+    }
+
+    #[test]
+    fn deliveries_are_reported_only_after_flush() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut sink = StdoutSink::new(Vec::new(), tx);
+        sink.send(&event(Some("{}"), PayloadFormat::Json), 7)
+            .unwrap();
+        sink.send(&event(Some("{}"), PayloadFormat::Json), 8)
+            .unwrap();
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing is delivered before the flush"
+        );
+        sink.flush().unwrap();
+        assert_eq!(rx.try_recv().unwrap().txn, 7);
+        assert_eq!(rx.try_recv().unwrap().txn, 8);
+        let written = sink.into_inner();
+        assert_eq!(written.iter().filter(|b| **b == b'\n').count(), 2);
+    }
+}

@@ -1,0 +1,313 @@
+//! End-to-end tests of the walking skeleton against a real PostgreSQL: outbox rows
+//! committed in the database come out of the relay's stdout sink as JSON lines, and the
+//! slot is acknowledged exactly as DESIGN.md requires.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{PgCluster, PgOptions, RelayProcess};
+
+const SLOT: &str = "outbox_relay";
+const WAIT: Duration = Duration::from_secs(60);
+const OUTBOX_SQL: &str = include_str!("../sql/outbox.sql");
+
+/// A cluster with database `app` holding the default outbox table.
+fn cluster_with_outbox(opts: PgOptions) -> PgCluster {
+    let pg = PgCluster::start_with(opts);
+    pg.batch_execute("CREATE DATABASE app");
+    pg.client_db("app").batch_execute(OUTBOX_SQL).unwrap();
+    pg
+}
+
+fn config(url: &str) -> String {
+    format!(
+        "[postgres]\nurl = \"{url}\"\nslot = \"{SLOT}\"\npublication = \"outbox_relay\"\n\
+         [outbox]\ntable = \"public.outbox\"\n[sink]\ntype = \"stdout\"\n"
+    )
+}
+
+/// Start the relay as the superuser and wait until its slot exists: rows committed
+/// before the slot was created are, by design, not part of its stream.
+fn start_relay(pg: &PgCluster) -> RelayProcess {
+    let relay = RelayProcess::start(&config(&pg.url("postgres", None, "app")));
+    wait_for_slot(pg, &relay);
+    relay
+}
+
+fn wait_for_slot(pg: &PgCluster, relay: &RelayProcess) {
+    relay.wait_for_stderr("starting replication", WAIT);
+    assert!(
+        pg.client()
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&SLOT]
+            )
+            .unwrap()
+            .is_some(),
+        "slot {SLOT} should exist once replication started"
+    );
+}
+
+fn parse(line: &str) -> Value {
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"))
+}
+
+/// Insert one sentinel event and wait for it: proves that every line before it is all
+/// the relay had to say (no fixed sleeps).
+fn sentinel(pg: &PgCluster, relay: &RelayProcess, expected_before: usize) -> Vec<String> {
+    pg.client_db("app")
+        .batch_execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             VALUES ('00000000-0000-0000-0000-00000000ffff', 'sentinel', 's', 'Sentinel', '{}')",
+        )
+        .unwrap();
+    let lines = relay.wait_for_lines(expected_before + 1, WAIT);
+    assert_eq!(
+        lines.len(),
+        expected_before + 1,
+        "expected exactly {expected_before} lines before the sentinel"
+    );
+    assert_eq!(
+        parse(lines.last().unwrap())["topic"],
+        "outbox.event.sentinel"
+    );
+    lines
+}
+
+fn lsn_value(text: &str) -> u64 {
+    support::lsn_to_u64(text)
+}
+
+#[test]
+fn thousand_rows_in_37_transactions_arrive_in_commit_order() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_relay(&pg);
+    let types = ["Order", "Kunde_Ü", "注文🚀"];
+    let mut client = pg.client_db("app");
+    let mut expected = Vec::new();
+    let mut row = 0usize;
+    for txn in 0..37usize {
+        // Sizes 1, 2, ... varying, summing to exactly 1000 over 37 transactions.
+        let size = if txn == 36 {
+            1000 - row
+        } else {
+            1 + (txn * 7) % 46
+        };
+        let mut tx = client.transaction().unwrap();
+        for _ in 0..size {
+            let id = format!("00000000-0000-0000-0000-{row:012}");
+            let kind = types[row % 3];
+            let payload = format!(
+                "{{\"n\": {row}, \"text\": \"grüße – {kind} \\\"q\\\"\", \"nested\": {{\"ok\": true}}}}"
+            );
+            tx.execute(
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+                 VALUES ($1::text::uuid, $2, $3, 'Created', $4::text::jsonb)",
+                &[&id, &kind, &format!("agg-{}", row % 17), &payload],
+            )
+            .unwrap();
+            expected.push((id, kind, payload));
+            row += 1;
+        }
+        tx.commit().unwrap();
+    }
+    assert_eq!(row, 1000);
+
+    relay.wait_for_lines(1000, WAIT);
+    let lines = sentinel(&pg, &relay, 1000);
+    let mut last_lsn = 0;
+    for (line, (id, kind, payload)) in lines.iter().zip(&expected) {
+        let v = parse(line);
+        assert_eq!(v["topic"], format!("outbox.event.{kind}"), "{line}");
+        assert_eq!(v["key"], id.as_str(), "{line}");
+        assert_eq!(v["headers"], serde_json::json!({ "id": id }), "{line}");
+        let want: Value = serde_json::from_str(payload).unwrap();
+        assert_eq!(
+            v["value"], want,
+            "payload written as JSON, unicode intact: {line}"
+        );
+        let lsn = lsn_value(v["lsn"].as_str().expect("lsn is a string"));
+        assert!(lsn > last_lsn, "lsn must grow in commit order: {line}");
+        last_lsn = lsn;
+        assert_eq!(
+            v.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["headers", "key", "lsn", "topic", "value"],
+            "exactly the specified fields: {line}"
+        );
+    }
+}
+
+#[test]
+fn rolled_back_transactions_print_nothing() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_relay(&pg);
+    let mut client = pg.client_db("app");
+    let mut tx = client.transaction().unwrap();
+    for n in 0..5 {
+        tx.execute(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('rolled', $1, 'X', '{}')",
+            &[&n.to_string()],
+        )
+        .unwrap();
+    }
+    tx.rollback().unwrap();
+    client
+        .batch_execute(
+            "BEGIN; INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('kept', '1', 'X', '\"ok\"'); COMMIT;",
+        )
+        .unwrap();
+    let lines = sentinel(&pg, &relay, 1);
+    assert_eq!(parse(&lines[0])["topic"], "outbox.event.kept");
+    assert!(lines.iter().all(|l| !l.contains("rolled")), "{lines:?}");
+}
+
+#[test]
+fn sigterm_acknowledges_end_lsn_so_a_restart_prints_only_new_rows() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_relay(&pg);
+    let mut client = pg.client_db("app");
+    let mut before_last_commit = 0;
+    for n in 0..5 {
+        before_last_commit = pg.current_wal_lsn();
+        client
+            .execute(
+                "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('before', $1, 'X', '{}')",
+                &[&n.to_string()],
+            )
+            .unwrap();
+    }
+    relay.wait_for_lines(5, WAIT);
+    relay.sigterm();
+    let status = relay.wait_exit(WAIT);
+    assert!(status.success(), "graceful shutdown exits 0, got {status}");
+    let confirmed = pg
+        .slot_confirmed_flush_lsn(SLOT)
+        .expect("slot has a position");
+    assert!(
+        confirmed > before_last_commit,
+        "the final status update acknowledged the last transaction"
+    );
+    drop(relay);
+
+    for n in 0..10 {
+        client
+            .execute(
+                "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('after', $1, 'X', '{}')",
+                &[&n.to_string()],
+            )
+            .unwrap();
+    }
+    let relay = RelayProcess::start(&config(&pg.url("postgres", None, "app")));
+    let lines = sentinel(&pg, &relay, 10);
+    for line in &lines[..10] {
+        let v = parse(line);
+        assert_eq!(
+            v["topic"], "outbox.event.after",
+            "no replay of earlier rows: {line}"
+        );
+        assert_eq!(v["headers"]["id"], v["key"]);
+    }
+}
+
+#[test]
+fn idle_outbox_does_not_hold_back_wal_of_other_tables() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_relay(&pg);
+    let mut client = pg.client_db("app");
+    client
+        .batch_execute("CREATE TABLE other (id int, filler text)")
+        .unwrap();
+    let before = pg.current_wal_lsn();
+    client
+        .batch_execute(
+            "INSERT INTO other SELECT g, repeat(md5(g::text), 32) FROM generate_series(1, 50000) g",
+        )
+        .unwrap();
+    let written = pg.current_wal_lsn() - before;
+    assert!(written >= 50 << 20, "wrote only {written} bytes of WAL");
+    support::wait_until(
+        "confirmed_flush_lsn within 1 MB of pg_current_wal_lsn()",
+        Duration::from_secs(30),
+        || {
+            let current = pg.current_wal_lsn();
+            let confirmed = pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0);
+            current.saturating_sub(confirmed) < 1 << 20
+        },
+    );
+    assert_eq!(relay.line_count(), 0, "no outbox rows were written");
+}
+
+fn scram_cluster() -> PgCluster {
+    let pg = cluster_with_outbox(PgOptions {
+        hba: vec![
+            "host all scram_user 127.0.0.1/32 scram-sha-256".into(),
+            "host all md5_user 127.0.0.1/32 md5".into(),
+            "host all clear_user 127.0.0.1/32 password".into(),
+        ],
+        ..PgOptions::default()
+    });
+    pg.client_db("app")
+        .batch_execute(
+            "SET password_encryption = 'scram-sha-256';
+             CREATE ROLE scram_user LOGIN REPLICATION PASSWORD 'correct horse';
+             CREATE ROLE clear_user LOGIN REPLICATION PASSWORD 'plain';
+             SET password_encryption = 'md5';
+             CREATE ROLE md5_user LOGIN REPLICATION PASSWORD 'md5 pw';
+             GRANT SELECT ON outbox TO scram_user, md5_user, clear_user;
+             CREATE PUBLICATION outbox_relay FOR TABLE outbox WITH (publish = 'insert');",
+        )
+        .unwrap();
+    pg
+}
+
+#[test]
+fn password_users_connect_with_scram_md5_and_cleartext() {
+    let pg = scram_cluster();
+    for (user, password) in [
+        ("scram_user", "correct horse"),
+        ("md5_user", "md5 pw"),
+        ("clear_user", "plain"),
+    ] {
+        let slot = format!("slot_{user}");
+        let toml = config(&pg.url(user, Some(password), "app"))
+            .replace(&format!("slot = \"{SLOT}\""), &format!("slot = \"{slot}\""));
+        let relay = RelayProcess::start(&toml);
+        relay.wait_for_stderr("starting replication", WAIT);
+        pg.client_db("app")
+            .execute(
+                "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ($1, '1', 'X', '{}')",
+                &[&user],
+            )
+            .unwrap();
+        let lines = relay.wait_for_lines(1, WAIT);
+        assert_eq!(parse(&lines[0])["topic"], format!("outbox.event.{user}"));
+    }
+}
+
+#[test]
+fn wrong_password_exits_nonzero_saying_authentication_failed() {
+    let pg = scram_cluster();
+    let (status, stdout, stderr) =
+        support::run_relay_to_exit(&config(&pg.url("scram_user", Some("wrong"), "app")), WAIT);
+    assert!(!status.success());
+    assert!(stdout.is_empty(), "nothing on stdout: {stdout}");
+    assert!(
+        stderr.contains("authentication failed for user \"scram_user\""),
+        "stderr: {stderr}"
+    );
+}
+
+#[test]
+fn wal_level_replica_exits_nonzero_saying_how_to_fix_it() {
+    let pg = cluster_with_outbox(PgOptions {
+        wal_level: "replica",
+        ..PgOptions::default()
+    });
+    let (status, _stdout, stderr) =
+        support::run_relay_to_exit(&config(&pg.url("postgres", None, "app")), WAIT);
+    assert!(!status.success());
+    assert!(stderr.contains("wal_level=logical"), "stderr: {stderr}");
+    assert!(stderr.contains("restart PostgreSQL"), "stderr: {stderr}");
+}
