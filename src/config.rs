@@ -22,6 +22,12 @@ pub const DEFAULT_PAYLOAD_COLUMN: &str = "payload";
 pub const DEFAULT_TOPIC: &str = "outbox.event.${routedByValue}";
 /// Debezium's default `route.topic.regex`: the whole route-by value.
 pub const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
+/// Partitions of topics the relay creates: one keeps a single total order per topic,
+/// which suits small deployments and the test broker; raise it for throughput.
+pub const DEFAULT_TOPIC_PARTITIONS: i32 = 1;
+/// Replication factor of topics the relay creates: 1 works on single-broker setups;
+/// production clusters should set 3 (or -1 for the broker's default).
+pub const DEFAULT_TOPIC_REPLICATION_FACTOR: i32 = 1;
 /// Events handed to the sink but not yet confirmed, before reading pauses. Bounds memory
 /// whatever the transaction size; large enough to keep a Kafka producer's batches full.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 100_000;
@@ -41,6 +47,38 @@ pub struct Config {
     pub sink: SinkConfig,
     #[serde(default)]
     pub relay: RelayConfig,
+    #[serde(default)]
+    pub kafka: Option<KafkaConfig>,
+    #[serde(default)]
+    pub dead_letter: Option<DeadLetterConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`: comma-separated `host:port` list.
+    pub brokers: String,
+    /// Create a missing topic through the admin API the first time an event routes to it.
+    #[serde(default = "default_true")]
+    pub create_topics: bool,
+    /// Partitions of created topics; -1 takes the broker's `num.partitions`.
+    #[serde(default = "default_topic_partitions")]
+    pub topic_partitions: i32,
+    /// Replication factor of created topics; -1 takes the broker's
+    /// `default.replication.factor`.
+    #[serde(default = "default_topic_replication_factor")]
+    pub topic_replication_factor: i32,
+    /// Any librdkafka property; applied over the relay's defaults.
+    #[serde(default)]
+    pub properties: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterConfig {
+    /// Topic for events that cannot be delivered as they are; they are acknowledged
+    /// once the dead-letter record is delivered.
+    pub topic: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -123,6 +161,8 @@ pub enum SinkKind {
     /// One JSON line per event on stdout: the embedded default, no Kafka needed.
     #[default]
     Stdout,
+    /// Kafka through librdkafka: idempotent producer, `acks=all`; needs `[kafka]`.
+    Kafka,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -169,6 +209,15 @@ fn default_payload_column() -> String {
 }
 fn default_topic() -> String {
     DEFAULT_TOPIC.into()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_topic_partitions() -> i32 {
+    DEFAULT_TOPIC_PARTITIONS
+}
+fn default_topic_replication_factor() -> i32 {
+    DEFAULT_TOPIC_REPLICATION_FACTOR
 }
 fn default_topic_regex() -> String {
     DEFAULT_TOPIC_REGEX.into()
@@ -289,6 +338,44 @@ impl Config {
             if value.is_empty() {
                 problems.push(format!("{path}: must not be empty"));
             }
+        }
+        match (self.sink.kind, &self.kafka) {
+            (SinkKind::Kafka, None) => problems.push(
+                "kafka: [sink] type = \"kafka\" needs a [kafka] section with brokers = \"host:port\"".into(),
+            ),
+            (SinkKind::Kafka, Some(kafka)) => {
+                if kafka.brokers.trim().is_empty() {
+                    problems.push("kafka.brokers: must not be empty".into());
+                }
+                if kafka.topic_partitions == 0 || kafka.topic_partitions < -1 {
+                    problems.push("kafka.topic_partitions: must be -1 (broker default) or at least 1".into());
+                }
+                if kafka.topic_replication_factor == 0 || kafka.topic_replication_factor < -1 {
+                    problems.push("kafka.topic_replication_factor: must be -1 (broker default) or at least 1".into());
+                }
+                for (key, value, required) in [
+                    ("enable.idempotence", kafka.properties.get("enable.idempotence"), "true"),
+                    ("acks", kafka.properties.get("acks"), "all"),
+                ] {
+                    if let Some(value) = value {
+                        let ok = value == required || (key == "acks" && value == "-1");
+                        if !ok {
+                            problems.push(format!(
+                                "kafka.properties.\"{key}\": must stay {required:?} (got {value:?}): the relay acknowledges PostgreSQL only after Kafka confirmed, which needs an idempotent, acks=all producer to keep order and lose nothing"
+                            ));
+                        }
+                    }
+                }
+            }
+            (SinkKind::Stdout, _) => {}
+        }
+        if let Some(dead_letter) = &self.dead_letter {
+            if dead_letter.topic.is_empty() {
+                problems.push("dead_letter.topic: must not be empty".into());
+            }
+        }
+        if let Err(router_problems) = crate::relay::router::Router::try_new(&self.outbox) {
+            problems.extend(router_problems);
         }
         if self.relay.max_in_flight == 0 {
             problems.push("relay.max_in_flight: must be greater than 0".into());

@@ -187,6 +187,9 @@ impl PgConnection {
             ("database", &params.dbname),
             ("application_name", &params.application_name),
             ("client_encoding", "UTF8"),
+            // Values are decoded as text by the walsender with this session's settings;
+            // the router reads ISO timestamps and hex bytea whatever the server default.
+            ("options", "-c datestyle=ISO -c bytea_output=hex"),
         ];
         if kind == SessionKind::LogicalReplication {
             startup.push(("replication", "database"));

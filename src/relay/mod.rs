@@ -2,6 +2,8 @@
 //! ties them to the replication connection and a sink.
 
 pub mod ack;
+pub mod backoff;
+pub mod deadletter;
 pub mod pipeline;
 pub mod router;
 pub mod txn;
@@ -10,9 +12,10 @@ use crate::config::ConfigError;
 use crate::pg::conn::PgError;
 use crate::pg::pgoutput::DecodeError;
 use crate::pg::slot::SetupError;
+use crate::pg::Lsn;
 use crate::sink::SinkError;
 
-/// Why the relay stopped.
+/// Why the relay stopped (or restarts).
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     #[error(transparent)]
@@ -25,10 +28,16 @@ pub enum RelayError {
     Decode(#[from] DecodeError),
     #[error("the replication stream broke the protocol: {0}")]
     Assembly(#[from] txn::AssemblyError),
-    #[error(
-        "{0}; the relay stops without acknowledging it (fix the row's producer, then restart)"
-    )]
+    #[error("{0}; no [dead_letter] topic is configured, so the relay stops without acknowledging it (fix the row or configure a dead-letter topic, then restart)")]
     Route(#[from] txn::RoutedRowError),
+    #[error("event at {lsn} for topic {topic:?} cannot be delivered: {reason}; no [dead_letter] topic is configured, so the relay stops without acknowledging it")]
+    Undeliverable {
+        topic: String,
+        lsn: Lsn,
+        reason: String,
+    },
+    #[error("the dead-letter topic refused a record: {0}")]
+    DeadLetterRefused(String),
     #[error(transparent)]
     Sink(#[from] SinkError),
     #[error("internal error in the ack tracker: {0}")]
@@ -42,6 +51,31 @@ impl From<SetupError> for RelayError {
         match e {
             SetupError::Pg(pg) => RelayError::Pg(pg),
             other => RelayError::Setup(other),
+        }
+    }
+}
+
+/// SQLSTATEs that a retry can outlive: `admin_shutdown` (server restart or
+/// `pg_terminate_backend`), `crash_shutdown`, `cannot_connect_now` (starting up),
+/// `too_many_connections`, `object_in_use` (slot held by another process).
+const RETRYABLE_SQLSTATES: &[&str] = &["57P01", "57P02", "57P03", "53300", "55006"];
+
+impl RelayError {
+    /// Retryable errors restart the pipeline (with backoff) from the slot's
+    /// acknowledged position; all others stop the relay with their message.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RelayError::Pg(pg) => match pg {
+                PgError::Connect { .. }
+                | PgError::ConnectTimeout { .. }
+                | PgError::Io(_)
+                | PgError::Closed => true,
+                PgError::Db(db) => RETRYABLE_SQLSTATES.contains(&db.code.as_str()),
+                _ => false,
+            },
+            RelayError::StreamEnded => true,
+            RelayError::Sink(SinkError::KafkaFatal(_)) => true,
+            _ => false,
         }
     }
 }

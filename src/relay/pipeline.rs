@@ -1,20 +1,24 @@
-//! The pipeline loop: replication stream in, events to the sink, delivery reports to the
+//! The pipeline loop: replication stream in, events to the sink, delivery notices to the
 //! ack tracker, status updates out.
 //!
 //! One `biased` select, priorities in order:
 //! 1. shutdown: stop reading, drain in-flight deliveries (bounded), final status update;
-//! 2. delivery reports: they free in-flight room and move the flush LSN;
+//! 2. sink notices: they free in-flight room and move the flush LSN;
 //! 3. the status timer: keeps the walsender alive even while reading is paused;
 //! 4. new input from PostgreSQL, only while fewer than `max_in_flight` events are
-//!    undelivered (backpressure by not reading).
+//!    undelivered and nothing waits for producer queue room (backpressure by not
+//!    reading).
 //!
-//! Every state transition lives in the pure parts (`txn`, `router`, `ack`); this loop
-//! only moves values between them.
+//! Every state transition lives in the pure parts (`txn`, `router`, `ack`,
+//! `deadletter`); this loop only moves values between them. Retryable failures end the
+//! attempt; [`run`] starts a new one from the slot's acknowledged position, so anything
+//! in flight is sent again (at-least-once) and nothing is skipped.
 
+use std::collections::VecDeque;
 use std::future::Future;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::config::{SinkKind, Validated};
 use crate::pg::conn::{CopyEvent, PgConnection, SessionKind};
@@ -23,11 +27,14 @@ use crate::pg::replication::{ReplicationFrame, StandbyStatusUpdate};
 use crate::pg::slot::{self, SourceSpec};
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
-use crate::relay::router::Router;
-use crate::relay::txn::{Step, TxnAssembler};
+use crate::relay::backoff::Backoff;
+use crate::relay::deadletter::DeadLetter;
+use crate::relay::router::{OutboxEvent, Router};
+use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
 use crate::relay::RelayError;
+use crate::sink::kafka::KafkaSink;
 use crate::sink::stdout::StdoutSink;
-use crate::sink::{DeliveryReport, Sink};
+use crate::sink::{SendError, Sink, SinkError, SinkNotice, TxnSeq};
 
 /// Status updates never less often than this fraction of `wal_sender_timeout`.
 const STATUS_FRACTION_OF_TIMEOUT: u32 = 3;
@@ -35,6 +42,8 @@ const STATUS_FRACTION_OF_TIMEOUT: u32 = 3;
 const MIN_STATUS_INTERVAL: Duration = Duration::from_millis(100);
 /// How long closing the connection politely may take at shutdown.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// An attempt that ran this long resets the backoff: the fault was not persistent.
+const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 
 /// The status update interval: the configured bound, kept under a third of the
 /// server's `wal_sender_timeout` (0 = disabled on the server).
@@ -46,29 +55,102 @@ pub fn status_interval(configured: Duration, wal_sender_timeout: Option<Duration
     interval.max(MIN_STATUS_INTERVAL)
 }
 
+/// Run the relay until `shutdown` resolves (graceful: `Ok`) or a definite error.
+/// Retryable errors restart the pipeline with capped, jittered backoff.
+pub async fn run(
+    settings: Validated,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RelayError> {
+    let (stop_tx, stop) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let mut backoff = Backoff::from_clock();
+    loop {
+        let started = Instant::now();
+        let error = match run_attempt(&settings, stop.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(error) if error.is_retryable() => error,
+            Err(error) => return Err(error),
+        };
+        if started.elapsed() > BACKOFF_RESET_AFTER {
+            backoff.reset();
+        }
+        let delay = backoff.next_delay();
+        tracing::warn!(
+            error = %error,
+            retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            "relay interrupted; restarting from the slot's acknowledged position"
+        );
+        let mut stop = stop.clone();
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = stopped(&mut stop) => return Ok(()),
+        }
+    }
+}
+
+/// Resolves once shutdown was requested.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|requested| *requested).await.is_err() {
+        // The shutdown sender is gone without a request: never resolve.
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The sinks this build knows. An enum rather than a trait object because creating a
+/// topic is async and only Kafka has topics.
+enum AnySink {
+    Stdout(StdoutSink<std::io::Stdout>),
+    Kafka(Box<KafkaSink>),
+}
+
+impl AnySink {
+    fn sink(&mut self) -> &mut dyn Sink {
+        match self {
+            AnySink::Stdout(sink) => sink,
+            AnySink::Kafka(sink) => sink.as_mut(),
+        }
+    }
+
+    async fn ensure_topic(&mut self, topic: &str) -> Result<(), SinkError> {
+        match self {
+            AnySink::Stdout(_) => Ok(()),
+            AnySink::Kafka(sink) => sink.ensure_topic(topic).await,
+        }
+    }
+}
+
 /// Counters for progress logs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Progress {
     events: u64,
+    dead_lettered: u64,
     transactions: u64,
     flush_lsn: Lsn,
 }
 
 struct Pipeline {
     conn: PgConnection,
-    sink: Box<dyn Sink>,
-    reports: mpsc::UnboundedReceiver<DeliveryReport>,
+    sink: AnySink,
+    notices: mpsc::UnboundedReceiver<SinkNotice>,
     tracker: AckTracker,
     assembler: TxnAssembler,
     max_in_flight: u64,
+    dead_letter_topic: Option<String>,
+    /// The outbox table, for dead-letter headers.
+    source_table: String,
+    /// Events the producer queue had no room for, in order; input pauses meanwhile.
+    stalled: VecDeque<(OutboxEvent, TxnSeq)>,
     progress: Progress,
     logged: Progress,
 }
 
-/// Run the relay until `shutdown` resolves (graceful: exit `Ok`) or a fatal error.
-pub async fn run(
-    settings: Validated,
-    shutdown: impl Future<Output = ()>,
+/// One attempt: connect, prepare, stream until shutdown (`Ok`) or an error.
+async fn run_attempt(
+    settings: &Validated,
+    mut stop: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
     let config = &settings.config;
     let spec = SourceSpec {
@@ -76,9 +158,37 @@ pub async fn run(
         publication: config.postgres.publication.clone(),
         table: settings.table.clone(),
     };
+    let router = Router::try_new(&config.outbox).map_err(|problems| {
+        RelayError::Config(crate::config::ConfigError::Invalid {
+            path: "[outbox]".into(),
+            problems,
+        })
+    })?;
     let mut conn =
         PgConnection::connect(&settings.connect, SessionKind::LogicalReplication).await?;
     let prepared = slot::prepare(&mut conn, &spec).await?;
+
+    let (notice_tx, notices) = mpsc::unbounded_channel();
+    let dead_letter_topic = config.dead_letter.as_ref().map(|d| d.topic.clone());
+    let mut sink = match config.sink.kind {
+        SinkKind::Stdout => AnySink::Stdout(StdoutSink::stdout(notice_tx)),
+        SinkKind::Kafka => {
+            let kafka = config.kafka.as_ref().ok_or_else(|| {
+                SinkError::KafkaSetup("[sink] type = \"kafka\" needs a [kafka] section".into())
+            })?;
+            AnySink::Kafka(Box::new(KafkaSink::new(
+                kafka,
+                notice_tx,
+                config.relay.max_in_flight,
+                dead_letter_topic.is_some(),
+            )?))
+        }
+    };
+    if let Some(topic) = &dead_letter_topic {
+        // Fail fast: a dead-letter topic that cannot take records is a setup error.
+        sink.ensure_topic(topic).await?;
+    }
+
     tracing::info!(
         server = %settings.connect.redacted(),
         server_version = %prepared.server_version,
@@ -99,10 +209,6 @@ pub async fn run(
         Duration::from_millis(config.postgres.status_interval_ms),
         prepared.wal_sender_timeout,
     );
-    let (report_tx, reports) = mpsc::unbounded_channel();
-    let sink: Box<dyn Sink> = match config.sink.kind {
-        SinkKind::Stdout => Box::new(StdoutSink::stdout(report_tx)),
-    };
     let start = Progress {
         flush_lsn: prepared.slot_lsn,
         ..Progress::default()
@@ -110,48 +216,50 @@ pub async fn run(
     let mut pipeline = Pipeline {
         conn,
         sink,
-        reports,
+        notices,
         tracker: AckTracker::new(prepared.slot_lsn, 0),
-        assembler: TxnAssembler::new(Router::new(&config.outbox), settings.table.clone(), 0),
+        assembler: TxnAssembler::new(router, settings.table.clone(), 0),
         max_in_flight: u64::try_from(config.relay.max_in_flight).unwrap_or(u64::MAX),
+        dead_letter_topic,
+        source_table: settings.table.to_string(),
+        stalled: VecDeque::new(),
         progress: start,
         logged: start,
     };
-    let outcome = pipeline.stream(interval, shutdown).await;
-    match outcome {
-        Ok(()) => {
-            pipeline.drain(settings.shutdown_timeout()).await?;
-            tracing::info!(
-                events = pipeline.progress.events,
-                flush_lsn = %pipeline.progress.flush_lsn,
-                "stopped"
-            );
-            pipeline.conn.close(CLOSE_WAIT).await;
-            Ok(())
-        }
-        Err(e) => Err(e),
-    }
+    pipeline.stream(interval, &mut stop).await?;
+    pipeline.drain(settings.shutdown_timeout()).await?;
+    tracing::info!(
+        events = pipeline.progress.events,
+        dead_lettered = pipeline.progress.dead_lettered,
+        flush_lsn = %pipeline.progress.flush_lsn,
+        "stopped"
+    );
+    pipeline.conn.close(CLOSE_WAIT).await;
+    Ok(())
 }
 
 impl Pipeline {
     async fn stream(
         &mut self,
         interval: Duration,
-        shutdown: impl Future<Output = ()>,
+        stop: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
         let mut timer = tokio::time::interval(interval);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tokio::pin!(shutdown);
         loop {
-            let reading = self.tracker.in_flight() < self.max_in_flight;
+            let reading = self.stalled.is_empty() && self.tracker.in_flight() < self.max_in_flight;
             tokio::select! {
                 biased;
-                () = &mut shutdown => {
+                () = stopped(stop) => {
                     tracing::info!("shutdown requested: no more reading, draining deliveries");
                     return Ok(());
                 }
-                Some(report) = self.reports.recv() => self.on_report(report)?,
+                Some(notice) = self.notices.recv() => {
+                    self.on_notice(notice)?;
+                    self.retry_stalled()?;
+                }
                 _ = timer.tick() => {
+                    self.retry_stalled()?;
                     self.send_status(false).await?;
                     self.log_progress();
                 }
@@ -160,7 +268,7 @@ impl Pipeline {
                         CopyEvent::Frame(ReplicationFrame::XLogData(xlog)) => {
                             let message = pgoutput::decode(&xlog.data, StreamState::Outside)?;
                             let step = self.assembler.apply(message, xlog.wal_start)?;
-                            self.on_step(step)?;
+                            self.on_step(step).await?;
                         }
                         CopyEvent::Frame(ReplicationFrame::Keepalive(keepalive)) => {
                             self.tracker.keepalive(keepalive.wal_end);
@@ -175,46 +283,190 @@ impl Pipeline {
         }
     }
 
-    fn on_step(&mut self, step: Step) -> Result<(), RelayError> {
+    async fn on_step(&mut self, step: Step) -> Result<(), RelayError> {
         match step {
             Step::Begin { seq } => self.tracker.begin(seq)?,
             Step::Event { seq, event } => {
-                let event = event?;
-                self.tracker.event_sent(seq)?;
-                self.sink.send(&event, seq)?;
-                self.progress.events += 1;
+                match event {
+                    Ok(event) => self.dispatch(event, seq).await?,
+                    Err(row_error) => self.dead_letter_row(row_error, seq)?,
+                }
                 if self.tracker.in_flight() >= self.max_in_flight {
                     // About to stop reading: make sure what is buffered can be delivered.
-                    self.sink.flush()?;
+                    self.sink.sink().flush()?;
                 }
             }
             Step::Commit { seq, end_lsn } => {
                 self.tracker.commit(seq, end_lsn)?;
                 self.progress.transactions += 1;
-                self.sink.flush()?;
+                self.sink.sink().flush()?;
             }
             Step::Nothing => {}
         }
         Ok(())
     }
 
-    fn on_report(&mut self, report: DeliveryReport) -> Result<(), RelayError> {
-        report.result?;
-        self.tracker.delivered(report.txn)?;
+    /// Route one event to its topic, creating the topic first when needed.
+    async fn dispatch(&mut self, event: OutboxEvent, seq: TxnSeq) -> Result<(), RelayError> {
+        match self.sink.ensure_topic(&event.topic).await {
+            Ok(()) => {}
+            Err(SinkError::Topic { topic, reason }) => {
+                let reason = format!("topic {topic:?}: {reason}");
+                let letter = DeadLetter::from_event(&event, reason.clone(), &self.source_table());
+                return self.dead_letter_or(seq, letter, || RelayError::Undeliverable {
+                    topic: event.topic.clone(),
+                    lsn: event.lsn,
+                    reason,
+                });
+            }
+            Err(other) => return Err(other.into()),
+        }
+        self.tracker.event_sent(seq)?;
+        self.progress.events += 1;
+        self.submit(event, seq)
+    }
+
+    /// Hand a counted event to the sink; no room → it waits in `stalled`.
+    fn submit(&mut self, event: OutboxEvent, seq: TxnSeq) -> Result<(), RelayError> {
+        if let Some(waiting) = self.try_send(event, seq)? {
+            self.stalled.push_back(waiting);
+        }
         Ok(())
     }
 
-    /// Take every report already waiting.
-    fn take_ready_reports(&mut self) -> Result<(), RelayError> {
-        while let Ok(report) = self.reports.try_recv() {
-            self.on_report(report)?;
+    /// Returns the event back when the producer queue is full.
+    fn try_send(
+        &mut self,
+        event: OutboxEvent,
+        seq: TxnSeq,
+    ) -> Result<Option<(OutboxEvent, TxnSeq)>, RelayError> {
+        match self.sink.sink().send(event, seq) {
+            Ok(()) => Ok(None),
+            Err(SendError::QueueFull(event)) => Ok(Some((*event, seq))),
+            Err(SendError::Refused { reason, event }) => {
+                self.refused(seq, *event, reason)?;
+                Ok(None)
+            }
+            Err(SendError::Sink(error)) => Err(error.into()),
+        }
+    }
+
+    /// Retry events that found the producer queue full, in order.
+    fn retry_stalled(&mut self) -> Result<(), RelayError> {
+        while let Some((event, seq)) = self.stalled.pop_front() {
+            if let Some(waiting) = self.try_send(event, seq)? {
+                self.stalled.push_front(waiting);
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// A counted event was refused for good: settle it through the dead-letter topic,
+    /// or stop without acknowledging it.
+    fn refused(
+        &mut self,
+        seq: TxnSeq,
+        event: OutboxEvent,
+        reason: String,
+    ) -> Result<(), RelayError> {
+        if self.dead_letter_topic.as_deref() == Some(event.topic.as_str()) {
+            if event.payload.is_some() {
+                // The dead-letter record itself is too large or malformed: keep the
+                // headers (reason, source position, id) and drop the value.
+                tracing::warn!(reason = %reason, "dead-letter record refused; sending it without its value");
+                let mut bare = event;
+                bare.payload = None;
+                return self.submit(bare, seq);
+            }
+            return Err(RelayError::DeadLetterRefused(reason));
+        }
+        let letter = DeadLetter::from_event(&event, reason.clone(), &self.source_table());
+        self.dead_letter_or(seq, letter, || RelayError::Undeliverable {
+            topic: event.topic.clone(),
+            lsn: event.lsn,
+            reason,
+        })?;
+        // The original event is settled by its dead-letter record.
+        self.tracker.delivered(seq)?;
+        Ok(())
+    }
+
+    fn dead_letter_row(
+        &mut self,
+        row_error: RoutedRowError,
+        seq: TxnSeq,
+    ) -> Result<(), RelayError> {
+        let letter = DeadLetter {
+            reason: row_error.error.to_string(),
+            source_table: row_error.table.clone(),
+            source_lsn: row_error.lsn,
+            original_topic: None,
+            key: None,
+            headers: Vec::new(),
+            value: Some(row_error.row_json.clone()),
+            timestamp_ms: 0,
+        };
+        self.dead_letter_or(seq, letter, || RelayError::Route(row_error))
+    }
+
+    /// Send `letter` to the dead-letter topic as an event of `seq`, or fail with
+    /// `otherwise()` when none is configured.
+    fn dead_letter_or(
+        &mut self,
+        seq: TxnSeq,
+        letter: DeadLetter,
+        otherwise: impl FnOnce() -> RelayError,
+    ) -> Result<(), RelayError> {
+        let Some(topic) = self.dead_letter_topic.clone() else {
+            return Err(otherwise());
+        };
+        tracing::warn!(
+            reason = %letter.reason,
+            source_lsn = %letter.source_lsn,
+            dead_letter_topic = %topic,
+            "event sent to the dead-letter topic"
+        );
+        self.tracker.event_sent(seq)?;
+        self.progress.dead_lettered += 1;
+        self.submit(letter.into_event(&topic), seq)
+    }
+
+    fn source_table(&self) -> String {
+        self.source_table.clone()
+    }
+
+    fn on_notice(&mut self, notice: SinkNotice) -> Result<(), RelayError> {
+        match notice {
+            SinkNotice::Delivered { txn } => self.tracker.delivered(txn)?,
+            SinkNotice::Failed { txn, failure } => match failure.event {
+                Some(event) => self.refused(txn, *event, failure.reason)?,
+                None => {
+                    return Err(RelayError::Undeliverable {
+                        topic: String::new(),
+                        lsn: Lsn::ZERO,
+                        reason: failure.reason,
+                    })
+                }
+            },
+            SinkNotice::Fatal { reason } => {
+                return Err(RelayError::Sink(SinkError::KafkaFatal(reason)))
+            }
+        }
+        Ok(())
+    }
+
+    /// Take every notice already waiting.
+    fn take_ready_notices(&mut self) -> Result<(), RelayError> {
+        while let Ok(notice) = self.notices.try_recv() {
+            self.on_notice(notice)?;
         }
         Ok(())
     }
 
     async fn send_status(&mut self, reply_requested: bool) -> Result<(), RelayError> {
-        self.sink.flush()?;
-        self.take_ready_reports()?;
+        self.sink.sink().flush()?;
+        self.take_ready_notices()?;
         let flush = self.tracker.flush_lsn();
         self.progress.flush_lsn = flush;
         let update = StandbyStatusUpdate {
@@ -233,6 +485,7 @@ impl Pipeline {
         if self.progress != self.logged {
             tracing::info!(
                 events = self.progress.events,
+                dead_lettered = self.progress.dead_lettered,
                 transactions = self.progress.transactions,
                 flush_lsn = %self.progress.flush_lsn,
                 in_flight = self.tracker.in_flight(),
@@ -245,11 +498,12 @@ impl Pipeline {
     /// Graceful end: flush the sink, wait (bounded) for in-flight deliveries, and send
     /// a final status update with what is delivered.
     async fn drain(&mut self, timeout: Duration) -> Result<(), RelayError> {
-        self.sink.flush()?;
+        self.sink.sink().flush()?;
         let deadline = tokio::time::Instant::now() + timeout;
         while self.tracker.in_flight() > 0 {
-            match tokio::time::timeout_at(deadline, self.reports.recv()).await {
-                Ok(Some(report)) => self.on_report(report)?,
+            self.retry_stalled()?;
+            match tokio::time::timeout_at(deadline, self.notices.recv()).await {
+                Ok(Some(notice)) => self.on_notice(notice)?,
                 Ok(None) => break,
                 Err(_) => {
                     tracing::warn!(

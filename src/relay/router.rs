@@ -1,18 +1,52 @@
 //! The router: pure, `(relation, row) → OutboxEvent`, shaped as Debezium's Outbox Event
 //! Router shapes records so consumers can switch relays without changes.
 //!
+//! ```text
+//! Relation ──▶ Router::resolve ──▶ ResolvedColumns   (column positions by name)
+//! Insert row ─▶ Router::route ───▶ OutboxEvent { topic, partition, key, headers,
+//!                                               value (payload | envelope | tombstone),
+//!                                               timestamp }  |  RouteError
+//! ```
+//!
 //! Columns are resolved by name from each Relation message ([`Router::resolve`]), so a
 //! schema change mid-stream (which PostgreSQL announces with a new Relation message)
-//! keeps routing right.
+//! keeps routing right. A configured column the table lacks is an error of each row that
+//! needs it, never of the relation: the row goes to the dead-letter topic with the reason.
+//!
+//! Debezium semantics kept here:
+//!
+//! - **Topic**: `outbox.topic_regex` must match the *whole* route-by value (Java's
+//!   `Matcher.matches()`); its groups fill the `outbox.topic` template (`${name}`, `$n`,
+//!   `\` escapes). A value the regex does not match is not rerouted: the topic is the
+//!   route-by value itself.
+//! - **Headers**: `id` (the event id) first, then each `header` placement in
+//!   configuration order, named by its alias (the column name when no alias is given).
+//! - **Value**: the payload as stored (json/jsonb as JSON text, text as UTF-8, bytea as
+//!   raw bytes). With at least one `envelope` placement the value becomes a JSON object
+//!   `{"payload": …, "<alias>": …}` (see [`OutboxEvent::value`]).
+//! - **Partition**: the one `partition` placement's column, a non-negative 32-bit
+//!   integer; else the producer's partitioner decides.
+//! - **Tombstone**: with `outbox.tombstone_on_empty_payload`, a NULL, empty or
+//!   whitespace-only payload (an empty bytea) gives a null record value. Without it a
+//!   NULL payload still gives a null value unless an envelope wraps it, and an empty
+//!   payload is sent as it is.
+//! - **Timestamp**: `outbox.timestamp_column` (a timestamptz, or a timestamp read as
+//!   UTC) when set and not NULL, else the transaction's commit time.
+
+mod pgtext;
+mod placement;
+
+use std::borrow::Cow;
 
 use crate::config::OutboxConfig;
 use crate::pg::pgoutput::{ColumnValue, RelationBody, TupleData};
 use crate::pg::Lsn;
 
-/// PostgreSQL type oids that decide how a payload is written.
-const JSON_OID: u32 = 114;
-const JSONB_OID: u32 = 3802;
-const BYTEA_OID: u32 = 17;
+pub use pgtext::{parse_pg_timestamp_ms, row_as_json};
+pub use placement::{AdditionalField, Placement};
+
+use pgtext::{ValueKind, BYTEA_OID, JSONB_OID, JSON_OID};
+use placement::TopicRule;
 
 /// What the payload bytes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,19 +65,87 @@ pub struct Header {
     pub value: Option<String>,
 }
 
+/// One field of the JSON envelope (an `envelope` placement).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvelopeField {
+    /// The alias (the column name when no alias is given).
+    pub name: String,
+    /// The column value as JSON text: `null`; json/jsonb embedded as JSON; `true` /
+    /// `false` for bool; a number for integer, float and numeric columns (a string for
+    /// `NaN` and infinities); a base64 string for bytea; a string for everything else.
+    pub json: String,
+}
+
 /// One routed event, ready for a sink.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxEvent {
     pub topic: String,
+    /// The record's partition (a `partition` placement); `None` leaves it to the
+    /// producer's partitioner.
+    pub partition: Option<i32>,
     pub key: Option<String>,
+    /// `id` first, then the `header` placements in configuration order.
     pub headers: Vec<Header>,
-    /// The payload as stored; `None` for SQL NULL.
+    /// The payload as stored; `None` for SQL NULL. Sinks write [`OutboxEvent::value`].
     pub payload: Option<Vec<u8>>,
     pub payload_format: PayloadFormat,
+    /// The `envelope` placements; when not empty the value is an envelope object.
+    pub envelope: Vec<EnvelopeField>,
+    /// The record value is null (a Kafka tombstone).
+    pub tombstone: bool,
     /// WAL position of the insert.
     pub lsn: Lsn,
-    /// Record timestamp: the transaction's commit time, in Unix milliseconds.
+    /// Record timestamp in Unix milliseconds: `outbox.timestamp_column`'s value, or the
+    /// transaction's commit time.
     pub timestamp_ms: i64,
+}
+
+impl OutboxEvent {
+    /// The exact bytes of the Kafka record value; `None` for a null value (tombstone).
+    ///
+    /// Without envelope fields, the payload itself: json/jsonb as their JSON text, text
+    /// as UTF-8, bytea as the raw bytes. With envelope fields, the JSON object
+    /// `{"payload":P,"<alias>":V,...}` in configuration order, where `P` is the payload
+    /// as JSON (json/jsonb embedded, text as a JSON string, bytea as a base64 string, as
+    /// Kafka Connect's JSON converter writes bytes; NULL as `null`) and each `V` is
+    /// [`EnvelopeField::json`].
+    pub fn value(&self) -> Option<Cow<'_, [u8]>> {
+        if self.tombstone {
+            return None;
+        }
+        if self.envelope.is_empty() {
+            return self.payload.as_deref().map(Cow::Borrowed);
+        }
+        let mut out = Vec::with_capacity(
+            32 + self.payload.as_ref().map_or(4, Vec::len)
+                + self
+                    .envelope
+                    .iter()
+                    .map(|f| f.name.len() + f.json.len() + 4)
+                    .sum::<usize>(),
+        );
+        out.extend_from_slice(b"{\"payload\":");
+        match (&self.payload, self.payload_format) {
+            (None, _) => out.extend_from_slice(b"null"),
+            (Some(bytes), PayloadFormat::Json) => out.extend_from_slice(bytes),
+            (Some(bytes), PayloadFormat::Text) => {
+                pgtext::push_json_string(&mut out, &String::from_utf8_lossy(bytes))
+            }
+            (Some(bytes), PayloadFormat::Binary) => {
+                out.push(b'"');
+                pgtext::push_base64(&mut out, bytes);
+                out.push(b'"');
+            }
+        }
+        for field in &self.envelope {
+            out.push(b',');
+            pgtext::push_json_string(&mut out, &field.name);
+            out.push(b':');
+            out.extend_from_slice(field.json.as_bytes());
+        }
+        out.push(b'}');
+        Some(Cow::Owned(out))
+    }
 }
 
 /// Why a row could not become an event. Never skipped silently: the relay stops (or,
@@ -55,14 +157,40 @@ pub enum RouteError {
         column: String,
         setting: &'static str,
     },
+    #[error("the outbox table has no column {column:?} (configured as outbox.additional[{index}] = {spec:?}); add the column or change the setting")]
+    MissingAdditionalColumn {
+        column: String,
+        index: usize,
+        spec: String,
+    },
     #[error("column {column:?} (outbox.{setting}) is NULL; it must have a value")]
     NullValue {
         column: String,
         setting: &'static str,
     },
+    #[error("column {column:?} gives the record partition (outbox.additional[{index}]) but is NULL; it must hold a partition number")]
+    NullPartition { column: String, index: usize },
+    #[error("column {column:?} gives the record partition (outbox.additional[{index}]) but holds {value:?}, which is not a 32-bit integer")]
+    PartitionNotInteger {
+        column: String,
+        index: usize,
+        value: String,
+    },
+    #[error("column {column:?} gives the record partition (outbox.additional[{index}]) but holds {value}; a partition number is 0 or more")]
+    NegativePartition {
+        column: String,
+        index: usize,
+        value: i32,
+    },
+    #[error("column {column:?} (outbox.timestamp_column) holds {value:?}, which is not a usable timestamp: {reason}")]
+    BadTimestamp {
+        column: String,
+        value: String,
+        reason: &'static str,
+    },
     #[error("column {column:?} holds a value that is not valid UTF-8 text")]
     NotUtf8 { column: String },
-    #[error("column {column:?} holds a bytea value that is not in PostgreSQL's hex format")]
+    #[error("column {column:?} holds a bytea value that is not in PostgreSQL's hex format (bytea_output = hex)")]
     BadBytea { column: String },
     #[error("the row has {got} columns but the relation declares {expected}")]
     ColumnCount { expected: usize, got: usize },
@@ -77,7 +205,12 @@ pub struct ResolvedColumns {
     id: Result<usize, RouteError>,
     key: Result<usize, RouteError>,
     route_by: Result<usize, RouteError>,
+    event_type: Result<usize, RouteError>,
     payload: Result<(usize, PayloadFormat), RouteError>,
+    /// `None` when no timestamp column is configured.
+    timestamp: Option<Result<usize, RouteError>>,
+    /// One per [`Router`] additional field, in the same order.
+    additional: Vec<Result<(usize, ValueKind), RouteError>>,
 }
 
 /// Per-event context the row does not carry.
@@ -93,40 +226,57 @@ pub struct Router {
     id_column: String,
     key_column: String,
     route_by_column: String,
+    type_column: String,
     payload_column: String,
-    topic_prefix: String,
-    topic_suffix: Option<String>,
+    timestamp_column: Option<String>,
+    topic: TopicRule,
+    additional: Vec<AdditionalField>,
+    has_envelope: bool,
+    tombstone_on_empty_payload: bool,
 }
 
-const ROUTED_BY_VALUE: &str = "${routedByValue}";
+/// Longest row value quoted in an error message.
+const QUOTED_VALUE_CHARS: usize = 64;
 
 impl Router {
-    pub fn new(config: &OutboxConfig) -> Self {
-        let (topic_prefix, topic_suffix) = match config.topic.split_once(ROUTED_BY_VALUE) {
-            Some((prefix, suffix)) => (prefix.to_owned(), Some(suffix.to_owned())),
-            None => (config.topic.clone(), None),
-        };
-        Router {
-            id_column: config.id_column.clone(),
-            key_column: config.key_column.clone(),
-            route_by_column: config.route_by_column.clone(),
-            payload_column: config.payload_column.clone(),
-            topic_prefix,
-            topic_suffix,
+    /// Build the router, or return every problem of the `[outbox]` routing settings,
+    /// each starting with its key path (`outbox.additional[1]: …`).
+    pub fn try_new(config: &OutboxConfig) -> Result<Self, Vec<String>> {
+        let mut problems = Vec::new();
+        let topic = TopicRule::new(&config.topic_regex, &config.topic, &mut problems);
+        let additional = placement::parse_additional(&config.additional, &mut problems);
+        match topic {
+            Some(topic) if problems.is_empty() => Ok(Router {
+                id_column: config.id_column.clone(),
+                key_column: config.key_column.clone(),
+                route_by_column: config.route_by_column.clone(),
+                type_column: config.type_column.clone(),
+                payload_column: config.payload_column.clone(),
+                timestamp_column: config.timestamp_column.clone(),
+                topic,
+                has_envelope: additional
+                    .iter()
+                    .any(|f| f.placement == Placement::Envelope),
+                additional,
+                tombstone_on_empty_payload: config.tombstone_on_empty_payload,
+            }),
+            _ => Err(problems),
         }
+    }
+
+    /// The parsed `outbox.additional` entries.
+    pub fn additional(&self) -> &[AdditionalField] {
+        &self.additional
     }
 
     /// Resolve the configured column names against a relation's columns.
     pub fn resolve(&self, relation: &RelationBody) -> ResolvedColumns {
+        let position = |column: &str| relation.columns.iter().position(|c| c.name == column);
         let find = |column: &str, setting: &'static str| {
-            relation
-                .columns
-                .iter()
-                .position(|c| c.name == column)
-                .ok_or_else(|| RouteError::MissingColumn {
-                    column: column.to_owned(),
-                    setting,
-                })
+            position(column).ok_or_else(|| RouteError::MissingColumn {
+                column: column.to_owned(),
+                setting,
+            })
         };
         let payload = find(&self.payload_column, "payload_column").map(|index| {
             let format = match relation.columns[index].type_oid {
@@ -136,13 +286,43 @@ impl Router {
             };
             (index, format)
         });
+        let additional = self
+            .additional
+            .iter()
+            .map(|field| {
+                let index =
+                    position(&field.column).ok_or_else(|| RouteError::MissingAdditionalColumn {
+                        column: field.column.clone(),
+                        index: field.index,
+                        spec: field.spec.clone(),
+                    })?;
+                Ok((index, ValueKind::of_type(relation.columns[index].type_oid)))
+            })
+            .collect();
         ResolvedColumns {
             width: relation.columns.len(),
             id: find(&self.id_column, "id_column"),
             key: find(&self.key_column, "key_column"),
             route_by: find(&self.route_by_column, "route_by_column"),
+            event_type: find(&self.type_column, "type_column"),
             payload,
+            timestamp: self
+                .timestamp_column
+                .as_deref()
+                .map(|column| find(column, "timestamp_column")),
+            additional,
         }
+    }
+
+    /// The event type (`outbox.type_column`), for logs and dead-letter records. Debezium
+    /// does not put it in the record by itself: place it with `outbox.additional`
+    /// (`"type:header:eventType"`). A missing type column is an error only when asked.
+    pub fn event_type(
+        &self,
+        columns: &ResolvedColumns,
+        row: &TupleData,
+    ) -> Result<Option<String>, RouteError> {
+        text(row, columns.event_type.clone()?, &self.type_column)
     }
 
     /// Route one inserted row.
@@ -170,40 +350,117 @@ impl Router {
                 setting: "route_by_column",
             }
         })?;
+        let topic = self.topic.topic(&routed_by);
         let key = text(row, columns.key.clone()?, &self.key_column)?;
         let (payload_index, payload_format) = columns.payload.clone()?;
         let payload = match raw(row, payload_index, &self.payload_column)? {
             None => None,
-            Some(bytes) if payload_format == PayloadFormat::Binary => {
-                Some(decode_bytea(bytes).ok_or_else(|| RouteError::BadBytea {
+            Some(bytes) if payload_format == PayloadFormat::Binary => Some(
+                pgtext::decode_bytea(bytes).ok_or_else(|| RouteError::BadBytea {
                     column: self.payload_column.clone(),
-                })?)
-            }
+                })?,
+            ),
             Some(bytes) => Some(bytes.to_vec()),
         };
-        let topic = match &self.topic_suffix {
-            Some(suffix) => {
-                let mut topic =
-                    String::with_capacity(self.topic_prefix.len() + routed_by.len() + suffix.len());
-                topic.push_str(&self.topic_prefix);
-                topic.push_str(&routed_by);
-                topic.push_str(suffix);
-                topic
-            }
-            None => self.topic_prefix.clone(),
+        let timestamp_ms = match (&columns.timestamp, &self.timestamp_column) {
+            (Some(resolved), Some(column)) => self
+                .timestamp(row, resolved.clone()?, column)?
+                .unwrap_or(context.commit_ts_ms),
+            _ => context.commit_ts_ms,
         };
+
+        let mut headers = Vec::with_capacity(1 + self.additional.len());
+        headers.push(Header {
+            name: "id".into(),
+            value: Some(id),
+        });
+        let mut envelope = Vec::new();
+        let mut partition = None;
+        for (field, resolved) in self.additional.iter().zip(&columns.additional) {
+            let (index, kind) = resolved.clone()?;
+            let value = text(row, index, &field.column)?;
+            match field.placement {
+                Placement::Header => headers.push(Header {
+                    name: field.alias.clone(),
+                    value,
+                }),
+                Placement::Envelope => {
+                    let mut json = Vec::new();
+                    pgtext::push_json_value(&mut json, kind, value.as_deref()).map_err(|()| {
+                        RouteError::BadBytea {
+                            column: field.column.clone(),
+                        }
+                    })?;
+                    envelope.push(EnvelopeField {
+                        name: field.alias.clone(),
+                        // Built from str pieces and ASCII: always UTF-8.
+                        json: String::from_utf8(json)
+                            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+                    });
+                }
+                Placement::Partition => partition = Some(partition_number(field, value)?),
+            }
+        }
+
+        let empty = match (&payload, payload_format) {
+            (None, _) => true,
+            (Some(bytes), PayloadFormat::Binary) => bytes.is_empty(),
+            // Java's String.trim(): every character up to U+0020 is whitespace.
+            (Some(bytes), _) => bytes.iter().all(|b| *b <= b' '),
+        };
+        let tombstone =
+            (self.tombstone_on_empty_payload && empty) || (payload.is_none() && !self.has_envelope);
         Ok(OutboxEvent {
             topic,
+            partition,
             key,
-            headers: vec![Header {
-                name: "id".into(),
-                value: Some(id),
-            }],
+            headers,
             payload,
             payload_format,
+            envelope,
+            tombstone,
             lsn: context.lsn,
-            timestamp_ms: context.commit_ts_ms,
+            timestamp_ms,
         })
+    }
+
+    /// The timestamp column's value in Unix ms; `None` for NULL.
+    fn timestamp(
+        &self,
+        row: &TupleData,
+        index: usize,
+        column: &str,
+    ) -> Result<Option<i64>, RouteError> {
+        let Some(value) = text(row, index, column)? else {
+            return Ok(None);
+        };
+        parse_pg_timestamp_ms(&value)
+            .map(Some)
+            .map_err(|reason| RouteError::BadTimestamp {
+                column: column.to_owned(),
+                value: pgtext::shorten(&value, QUOTED_VALUE_CHARS),
+                reason,
+            })
+    }
+}
+
+fn partition_number(field: &AdditionalField, value: Option<String>) -> Result<i32, RouteError> {
+    let value = value.ok_or_else(|| RouteError::NullPartition {
+        column: field.column.clone(),
+        index: field.index,
+    })?;
+    match value.parse::<i32>() {
+        Ok(number) if number >= 0 => Ok(number),
+        Ok(number) => Err(RouteError::NegativePartition {
+            column: field.column.clone(),
+            index: field.index,
+            value: number,
+        }),
+        Err(_) => Err(RouteError::PartitionNotInteger {
+            column: field.column.clone(),
+            index: field.index,
+            value: pgtext::shorten(&value, QUOTED_VALUE_CHARS),
+        }),
     }
 }
 
@@ -227,215 +484,5 @@ fn text(row: &TupleData, index: usize, column: &str) -> Result<Option<String>, R
         .transpose()
 }
 
-/// PostgreSQL's bytea hex output: `\x` followed by two hex digits per byte.
-fn decode_bytea(text: &[u8]) -> Option<Vec<u8>> {
-    let hex = text.strip_prefix(b"\\x")?;
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    hex.chunks_exact(2)
-        .map(|pair| {
-            let digits = std::str::from_utf8(pair).ok()?;
-            u8::from_str_radix(digits, 16).ok()
-        })
-        .collect()
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pg::pgoutput::RelationColumn;
-
-    fn relation(columns: &[(&str, u32)]) -> RelationBody {
-        RelationBody {
-            xid: None,
-            relation_id: 1,
-            namespace: "public".into(),
-            name: "outbox".into(),
-            replica_identity: b'd',
-            columns: columns
-                .iter()
-                .map(|(name, oid)| RelationColumn {
-                    is_key: false,
-                    name: (*name).into(),
-                    type_oid: *oid,
-                    type_modifier: -1,
-                })
-                .collect(),
-        }
-    }
-
-    fn debezium_relation() -> RelationBody {
-        relation(&[
-            ("id", 2950),
-            ("aggregatetype", 25),
-            ("aggregateid", 25),
-            ("type", 25),
-            ("payload", JSONB_OID),
-        ])
-    }
-
-    fn row(values: &[Option<&str>]) -> TupleData {
-        TupleData {
-            columns: values
-                .iter()
-                .map(|v| match v {
-                    Some(text) => ColumnValue::Text(text.as_bytes().to_vec()),
-                    None => ColumnValue::Null,
-                })
-                .collect(),
-        }
-    }
-
-    const CONTEXT: EventContext = EventContext {
-        lsn: Lsn(0x10),
-        commit_ts_ms: 1_700_000_000_000,
-    };
-
-    #[test]
-    fn debezium_defaults() {
-        let router = Router::new(&OutboxConfig::default());
-        let columns = router.resolve(&debezium_relation());
-        let event = router
-            .route(
-                &columns,
-                &row(&[
-                    Some("e-1"),
-                    Some("Order"),
-                    Some("o-9"),
-                    Some("Created"),
-                    Some("{\"n\": 1}"),
-                ]),
-                CONTEXT,
-            )
-            .unwrap();
-        assert_eq!(event.topic, "outbox.event.Order");
-        assert_eq!(event.key.as_deref(), Some("e-1"));
-        assert_eq!(
-            event.headers,
-            vec![Header {
-                name: "id".into(),
-                value: Some("e-1".into())
-            }]
-        );
-        assert_eq!(event.payload.as_deref(), Some(&b"{\"n\": 1}"[..]));
-        assert_eq!(event.payload_format, PayloadFormat::Json);
-        assert_eq!(
-            (event.lsn, event.timestamp_ms),
-            (Lsn(0x10), 1_700_000_000_000)
-        );
-    }
-
-    #[test]
-    fn key_column_and_topic_template_are_configurable() {
-        let config = OutboxConfig {
-            key_column: "aggregateid".into(),
-            topic: "events-${routedByValue}-v1".into(),
-            ..OutboxConfig::default()
-        };
-        let router = Router::new(&config);
-        let columns = router.resolve(&debezium_relation());
-        let event = router
-            .route(
-                &columns,
-                &row(&[Some("e"), Some("user"), Some("u-1"), None, None]),
-                CONTEXT,
-            )
-            .unwrap();
-        assert_eq!(event.topic, "events-user-v1");
-        assert_eq!(event.key.as_deref(), Some("u-1"));
-        assert_eq!(event.payload, None);
-    }
-
-    #[test]
-    fn columns_are_found_by_name_in_any_order() {
-        let router = Router::new(&OutboxConfig::default());
-        let reordered = relation(&[
-            ("payload", 25),
-            ("extra", 23),
-            ("aggregatetype", 25),
-            ("id", 25),
-            ("aggregateid", 25),
-        ]);
-        let columns = router.resolve(&reordered);
-        let event = router
-            .route(
-                &columns,
-                &row(&[Some("hi"), Some("1"), Some("A"), Some("x"), Some("y")]),
-                CONTEXT,
-            )
-            .unwrap();
-        assert_eq!(
-            (event.topic.as_str(), event.key.as_deref()),
-            ("outbox.event.A", Some("x"))
-        );
-        assert_eq!(event.payload_format, PayloadFormat::Text);
-    }
-
-    #[test]
-    fn invalid_rows_are_errors_not_events() {
-        let router = Router::new(&OutboxConfig::default());
-        let columns = router.resolve(&debezium_relation());
-        let null_id = router.route(
-            &columns,
-            &row(&[None, Some("A"), Some("x"), None, None]),
-            CONTEXT,
-        );
-        assert!(matches!(
-            null_id,
-            Err(RouteError::NullValue {
-                setting: "id_column",
-                ..
-            })
-        ));
-        let null_route = router.route(
-            &columns,
-            &row(&[Some("e"), None, Some("x"), None, None]),
-            CONTEXT,
-        );
-        assert!(matches!(
-            null_route,
-            Err(RouteError::NullValue {
-                setting: "route_by_column",
-                ..
-            })
-        ));
-        let short = router.route(&columns, &row(&[Some("e")]), CONTEXT);
-        assert!(matches!(
-            short,
-            Err(RouteError::ColumnCount {
-                expected: 5,
-                got: 1
-            })
-        ));
-        let no_payload = router.resolve(&relation(&[("id", 25), ("aggregatetype", 25)]));
-        let err = router
-            .route(&no_payload, &row(&[Some("e"), Some("A")]), CONTEXT)
-            .unwrap_err();
-        assert!(err.to_string().contains("payload_column"), "{err}");
-    }
-
-    #[test]
-    fn bytea_payload_is_decoded_to_raw_bytes() {
-        let router = Router::new(&OutboxConfig::default());
-        let columns = router.resolve(&relation(&[
-            ("id", 25),
-            ("aggregatetype", 25),
-            ("payload", BYTEA_OID),
-        ]));
-        let event = router
-            .route(
-                &columns,
-                &row(&[Some("e"), Some("A"), Some("\\x00ff41")]),
-                CONTEXT,
-            )
-            .unwrap();
-        assert_eq!(event.payload.as_deref(), Some(&[0u8, 0xff, 0x41][..]));
-        let bad = router.route(
-            &columns,
-            &row(&[Some("e"), Some("A"), Some("\\x0")]),
-            CONTEXT,
-        );
-        assert!(matches!(bad, Err(RouteError::BadBytea { .. })));
-    }
-}
+mod tests;

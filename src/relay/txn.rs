@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use crate::pg::pgoutput::{PgOutputMessage, RelationBody};
 use crate::pg::sql::QualifiedName;
 use crate::pg::Lsn;
-use crate::relay::router::{EventContext, OutboxEvent, ResolvedColumns, RouteError, Router};
+use crate::relay::router::{
+    row_as_json, EventContext, OutboxEvent, ResolvedColumns, RouteError, Router,
+};
 use crate::sink::TxnSeq;
 
 /// What the pipeline must do after one message.
@@ -29,12 +31,29 @@ pub enum Step {
 }
 
 /// A row of the outbox table that could not be routed, with where it came from.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// `Display` and `Debug` leave the row's values out (never log row payloads); the row
+/// itself is in `row_json`, for a dead-letter record.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("outbox row at {lsn} in {table}: {error}")]
 pub struct RoutedRowError {
     pub table: String,
     pub lsn: Lsn,
     pub error: RouteError,
+    /// The raw row as a JSON object of column name to text value
+    /// ([`row_as_json`](crate::relay::router::row_as_json)).
+    pub row_json: Vec<u8>,
+}
+
+impl std::fmt::Debug for RoutedRowError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoutedRowError")
+            .field("table", &self.table)
+            .field("lsn", &self.lsn)
+            .field("error", &self.error)
+            .field("row_json", &format_args!("<{} bytes>", self.row_json.len()))
+            .finish()
+    }
 }
 
 /// The stream broke the protocol's rules: definite, the relay stops.
@@ -54,6 +73,8 @@ struct CachedRelation {
     is_outbox: bool,
     display_name: String,
     columns: ResolvedColumns,
+    /// Column names in relation order, for the dead-letter copy of unroutable rows.
+    column_names: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -160,6 +181,7 @@ impl TxnAssembler {
                         table: relation.display_name.clone(),
                         lsn,
                         error,
+                        row_json: row_as_json(&relation.column_names, &new_tuple),
                     });
                 Ok(Step::Event {
                     seq: open.seq,
@@ -209,6 +231,11 @@ impl TxnAssembler {
             is_outbox,
             display_name: format!("{}.{}", body.namespace, body.name),
             columns: self.router.resolve(&body),
+            column_names: if is_outbox {
+                body.columns.iter().map(|c| c.name.clone()).collect()
+            } else {
+                Vec::new()
+            },
         };
         self.relations.insert(body.relation_id, cached);
     }
@@ -222,7 +249,7 @@ mod tests {
 
     fn assembler() -> TxnAssembler {
         TxnAssembler::new(
-            Router::new(&OutboxConfig::default()),
+            Router::try_new(&OutboxConfig::default()).expect("default settings are valid"),
             QualifiedName::parse("public.outbox").unwrap(),
             0,
         )
@@ -373,6 +400,16 @@ mod tests {
                 assert_eq!(err.lsn, Lsn(90), "falls back to the commit position");
                 assert!(err.to_string().contains("aggregatetype"), "{err}");
                 assert!(err.to_string().contains("public.outbox"), "{err}");
+                assert_eq!(
+                    String::from_utf8(err.row_json.clone()).unwrap(),
+                    r#"{"id":"e1","payload":"{}"}"#,
+                    "the raw row, for the dead-letter topic"
+                );
+                let debug = format!("{err:?}");
+                assert!(
+                    debug.contains("<26 bytes>") && !debug.contains("e1"),
+                    "no row values in Debug: {debug}"
+                );
             }
             other => panic!("expected a routing error, got {other:?}"),
         }

@@ -2,9 +2,10 @@
 //! delivery; only a successful report lets the acknowledgement move past it.
 //!
 //! "Sent" and "delivered" are different states: [`Sink::send`] only hands an event over,
-//! the [`DeliveryReport`] arriving on the channel given at construction says it is
-//! durable (for stdout: written and flushed; for Kafka: acknowledged by the brokers).
+//! the [`SinkNotice`] arriving on the channel given at construction says it is durable
+//! (for stdout: written and flushed; for Kafka: acknowledged by the brokers, `acks=all`).
 
+pub mod kafka;
 pub mod stdout;
 
 use tokio::sync::mpsc;
@@ -14,29 +15,68 @@ use crate::relay::router::OutboxEvent;
 /// Identifies the transaction an event belongs to, for the ack tracker.
 pub type TxnSeq = u64;
 
-/// The outcome of one event's delivery.
+/// What a sink tells the pipeline, asynchronously.
 #[derive(Debug)]
-pub struct DeliveryReport {
-    pub txn: TxnSeq,
-    pub result: Result<(), SinkError>,
+pub enum SinkNotice {
+    /// One event of transaction `txn` is durable.
+    Delivered { txn: TxnSeq },
+    /// One event of transaction `txn` was refused for good.
+    Failed {
+        txn: TxnSeq,
+        failure: DeliveryFailure,
+    },
+    /// The sink cannot go on (e.g. a fatal idempotent-producer error): rebuild it and
+    /// resend everything not yet acknowledged.
+    Fatal { reason: String },
 }
 
-/// Sender half handed to sinks for their delivery reports.
-pub type ReportSender = mpsc::UnboundedSender<DeliveryReport>;
+/// A definite per-event refusal (oversize, illegal topic, authorization).
+#[derive(Debug)]
+pub struct DeliveryFailure {
+    pub reason: String,
+    /// The event, kept while in flight so it can go to the dead-letter topic.
+    pub event: Option<Box<OutboxEvent>>,
+}
+
+/// Sender half handed to sinks for their notices.
+pub type NoticeSender = mpsc::UnboundedSender<SinkNotice>;
+
+/// Why [`Sink::send`] did not take an event.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The producer queue is full: try again after some deliveries.
+    #[error("producer queue is full")]
+    QueueFull(Box<OutboxEvent>),
+    /// This event can never be delivered (too large, illegal topic...).
+    #[error("{reason}")]
+    Refused {
+        reason: String,
+        event: Box<OutboxEvent>,
+    },
+    /// The sink itself failed.
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+}
 
 /// A sink failure.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
     #[error("writing to stdout failed: {0}")]
     Stdout(#[from] std::io::Error),
+    #[error("cannot create the Kafka producer: {0}")]
+    KafkaSetup(String),
+    #[error("Kafka producer failed: {0}")]
+    KafkaFatal(String),
+    #[error("topic {topic:?}: {reason}")]
+    Topic { topic: String, reason: String },
 }
 
 /// Where events go.
 pub trait Sink: Send {
-    /// Hand one event over. Its delivery report arrives later on the report channel.
-    fn send(&mut self, event: &OutboxEvent, txn: TxnSeq) -> Result<(), SinkError>;
+    /// Hand one event over. Its notice arrives later on the notice channel.
+    fn send(&mut self, event: OutboxEvent, txn: TxnSeq) -> Result<(), SendError>;
 
     /// Push out anything buffered (called at transaction ends, before status updates
-    /// and at shutdown) so its delivery reports can follow.
+    /// and at shutdown) so its notices can follow.
     fn flush(&mut self) -> Result<(), SinkError>;
 }

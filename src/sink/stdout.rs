@@ -1,33 +1,38 @@
 //! The embedded default sink: one JSON object per event and line on stdout.
 //!
 //! ```text
-//! {"topic":"outbox.event.order","key":"…","headers":{"id":"…"},"value":<payload>,"lsn":"0/16B3748"}
+//! {"topic":"outbox.event.order","key":"…","headers":{"id":"…"},"value":<value>,"lsn":"0/16B3748"}
 //! ```
-//! `value` is the payload: JSON written as JSON, other text as a JSON string, SQL NULL
-//! as `null`. An event counts as delivered once its line is written and flushed.
+//! `value` shows what the Kafka record value would be ([`OutboxEvent::value`]): an
+//! envelope object as JSON; a JSON payload (or a text payload that is a JSON object or
+//! array) as JSON; other text as a JSON string; bytea as the JSON string `"\\x…"`
+//! (PostgreSQL's hex form); a tombstone as `null`. `"partition":n` follows `topic` only
+//! when the event has a partition. An event counts as delivered once its line is written
+//! and flushed.
 
+use std::fmt::Write as _;
 use std::io::Write;
 
 use crate::relay::router::{OutboxEvent, PayloadFormat};
-use crate::sink::{DeliveryReport, ReportSender, Sink, SinkError, TxnSeq};
+use crate::sink::{NoticeSender, SendError, Sink, SinkError, SinkNotice, TxnSeq};
 
 /// Writes JSON lines to any writer (stdout in production, a buffer in tests).
 pub struct StdoutSink<W: Write + Send> {
     out: std::io::BufWriter<W>,
-    reports: ReportSender,
+    reports: NoticeSender,
     /// Events written since the last flush, by transaction, in order.
     unflushed: Vec<TxnSeq>,
     line: Vec<u8>,
 }
 
 impl StdoutSink<std::io::Stdout> {
-    pub fn stdout(reports: ReportSender) -> Self {
+    pub fn stdout(reports: NoticeSender) -> Self {
         StdoutSink::new(std::io::stdout(), reports)
     }
 }
 
 impl<W: Write + Send> StdoutSink<W> {
-    pub fn new(out: W, reports: ReportSender) -> Self {
+    pub fn new(out: W, reports: NoticeSender) -> Self {
         StdoutSink {
             out: std::io::BufWriter::with_capacity(256 * 1024, out),
             reports,
@@ -50,6 +55,10 @@ pub fn render_line(event: &OutboxEvent, line: &mut Vec<u8>) {
     line.clear();
     line.extend_from_slice(b"{\"topic\":");
     push_json_string(line, &event.topic);
+    if let Some(partition) = event.partition {
+        line.extend_from_slice(b",\"partition\":");
+        line.extend_from_slice(partition.to_string().as_bytes());
+    }
     line.extend_from_slice(b",\"key\":");
     match &event.key {
         Some(key) => push_json_string(line, key),
@@ -68,20 +77,26 @@ pub fn render_line(event: &OutboxEvent, line: &mut Vec<u8>) {
         }
     }
     line.extend_from_slice(b"},\"value\":");
-    match (&event.payload, event.payload_format) {
+    let value = event.value();
+    match (value.as_deref(), event.payload_format) {
         (None, _) => line.extend_from_slice(b"null"),
-        (Some(bytes), PayloadFormat::Json) => line.extend_from_slice(bytes),
+        // An envelope is a JSON object, whatever the payload's type.
+        (Some(bytes), _) if !event.envelope.is_empty() => line.extend_from_slice(bytes),
+        // PostgreSQL's json is never empty; guard anyway so the line stays JSON.
+        (Some(bytes), PayloadFormat::Json) if !bytes.trim_ascii().is_empty() => {
+            line.extend_from_slice(bytes)
+        }
         (Some(bytes), PayloadFormat::Text) if is_json_document(bytes) => {
             line.extend_from_slice(bytes)
         }
-        (Some(bytes), PayloadFormat::Text) => {
+        (Some(bytes), PayloadFormat::Json | PayloadFormat::Text) => {
             push_json_string(line, &String::from_utf8_lossy(bytes))
         }
         (Some(bytes), PayloadFormat::Binary) => {
             let mut hex = String::with_capacity(2 + bytes.len() * 2);
             hex.push_str("\\x");
             for b in bytes {
-                hex.push_str(&format!("{b:02x}"));
+                let _ = write!(hex, "{b:02x}");
             }
             push_json_string(line, &hex)
         }
@@ -104,9 +119,9 @@ fn push_json_string(line: &mut Vec<u8>, text: &str) {
 }
 
 impl<W: Write + Send> Sink for StdoutSink<W> {
-    fn send(&mut self, event: &OutboxEvent, txn: TxnSeq) -> Result<(), SinkError> {
-        render_line(event, &mut self.line);
-        self.out.write_all(&self.line)?;
+    fn send(&mut self, event: OutboxEvent, txn: TxnSeq) -> Result<(), SendError> {
+        render_line(&event, &mut self.line);
+        self.out.write_all(&self.line).map_err(SinkError::from)?;
         self.unflushed.push(txn);
         Ok(())
     }
@@ -118,10 +133,7 @@ impl<W: Write + Send> Sink for StdoutSink<W> {
         self.out.flush()?;
         for txn in self.unflushed.drain(..) {
             // A closed channel means the pipeline is gone; nothing is left to tell.
-            let _ = self.reports.send(DeliveryReport {
-                txn,
-                result: Ok(()),
-            });
+            let _ = self.reports.send(SinkNotice::Delivered { txn });
         }
         Ok(())
     }
@@ -131,7 +143,7 @@ impl<W: Write + Send> Sink for StdoutSink<W> {
 mod tests {
     use super::*;
     use crate::pg::Lsn;
-    use crate::relay::router::Header;
+    use crate::relay::router::{EnvelopeField, Header};
 
     fn event(payload: Option<&str>, format: PayloadFormat) -> OutboxEvent {
         OutboxEvent {
@@ -143,6 +155,9 @@ mod tests {
             }],
             payload: payload.map(|p| p.as_bytes().to_vec()),
             payload_format: format,
+            envelope: Vec::new(),
+            tombstone: payload.is_none(),
+            partition: None,
             lsn: Lsn(0x1_0000_00AB),
             timestamp_ms: 0,
         }
@@ -190,20 +205,87 @@ mod tests {
     }
 
     #[test]
+    fn default_line_has_exactly_five_keys_and_partition_only_when_set() {
+        let keys = |v: &serde_json::Value| {
+            let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            keys.sort();
+            keys
+        };
+        let plain = event(Some("{}"), PayloadFormat::Json);
+        assert_eq!(
+            keys(&line_of(&plain)),
+            ["headers", "key", "lsn", "topic", "value"]
+        );
+        let partitioned = OutboxEvent {
+            partition: Some(7),
+            ..plain
+        };
+        let v = line_of(&partitioned);
+        assert_eq!(v["partition"], 7);
+        assert_eq!(
+            keys(&v),
+            ["headers", "key", "lsn", "partition", "topic", "value"]
+        );
+    }
+
+    #[test]
+    fn value_is_what_the_kafka_record_value_would_be() {
+        // An envelope is written as its JSON object, even around a text payload.
+        let enveloped = OutboxEvent {
+            envelope: vec![
+                EnvelopeField {
+                    name: "eventType".into(),
+                    json: "\"Created\"".into(),
+                },
+                EnvelopeField {
+                    name: "shard".into(),
+                    json: "3".into(),
+                },
+            ],
+            ..event(Some("plain"), PayloadFormat::Text)
+        };
+        assert_eq!(
+            line_of(&enveloped)["value"],
+            serde_json::json!({"payload": "plain", "eventType": "Created", "shard": 3})
+        );
+        // A tombstone is null even when a payload is stored (an empty one, here).
+        let tombstone = OutboxEvent {
+            tombstone: true,
+            ..event(Some(""), PayloadFormat::Json)
+        };
+        assert_eq!(line_of(&tombstone)["value"], serde_json::Value::Null);
+        // An empty text payload that is not a tombstone is an empty string.
+        assert_eq!(line_of(&event(Some(""), PayloadFormat::Text))["value"], "");
+        let mut line = Vec::new();
+        render_line(&enveloped, &mut line);
+        assert!(
+            line.starts_with(b"{\"topic\":\"outbox.event.order\",\"key\":"),
+            "{}",
+            String::from_utf8_lossy(&line)
+        );
+    }
+
+    #[test]
     fn deliveries_are_reported_only_after_flush() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let mut sink = StdoutSink::new(Vec::new(), tx);
-        sink.send(&event(Some("{}"), PayloadFormat::Json), 7)
+        sink.send(event(Some("{}"), PayloadFormat::Json), 7)
             .unwrap();
-        sink.send(&event(Some("{}"), PayloadFormat::Json), 8)
+        sink.send(event(Some("{}"), PayloadFormat::Json), 8)
             .unwrap();
         assert!(
             rx.try_recv().is_err(),
             "nothing is delivered before the flush"
         );
         sink.flush().unwrap();
-        assert_eq!(rx.try_recv().unwrap().txn, 7);
-        assert_eq!(rx.try_recv().unwrap().txn, 8);
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(SinkNotice::Delivered { txn: 7 })
+        ));
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(SinkNotice::Delivered { txn: 8 })
+        ));
         let written = sink.into_inner();
         assert_eq!(written.iter().filter(|b| **b == b'\n').count(), 2);
     }

@@ -11,11 +11,17 @@
 //! Each `tests/*.rs` does `mod support;` and uses a subset, hence the `allow`s.
 #![allow(dead_code, unused_imports)]
 
+pub mod kafka;
+pub mod outbox;
 pub mod pg;
 pub mod process;
 pub mod relay;
 pub mod wait;
 
+pub use kafka::{
+    consume, create_topic, list_topics, produce, produce_records, try_produce_records, Delivered,
+    OutgoingRecord, Record, TansuBroker,
+};
 pub use pg::{lsn_to_u64, query_lsn, u64_to_lsn, PgCluster, PgOptions};
 pub use process::ChildProcess;
 pub use relay::{run_relay_to_exit, RelayProcess};

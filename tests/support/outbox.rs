@@ -1,0 +1,88 @@
+//! Shared set-up for relay tests: a database with an outbox table, relay configs for
+//! the stdout and Kafka sinks, and small SQL helpers.
+
+use std::time::Duration;
+
+use super::pg::PgCluster;
+use super::pg::PgOptions;
+use super::relay::RelayProcess;
+
+/// The default outbox table of the product (Debezium's shape).
+pub const OUTBOX_SQL: &str = include_str!("../../sql/outbox.sql");
+/// Slot and publication names the tests use.
+pub const SLOT: &str = "outbox_relay";
+pub const PUBLICATION: &str = "outbox_relay";
+/// Generous deadline for anything a relay should do in a test.
+pub const WAIT: Duration = Duration::from_secs(90);
+
+/// A cluster with database `app` holding the default outbox table.
+pub fn cluster_with_outbox(opts: PgOptions) -> PgCluster {
+    let pg = PgCluster::start_with(opts);
+    pg.batch_execute("CREATE DATABASE app");
+    pg.client_db("app")
+        .batch_execute(OUTBOX_SQL)
+        .unwrap_or_else(|e| panic!("creating the outbox table: {e}"));
+    pg
+}
+
+/// A cluster with database `app` and no outbox table yet.
+pub fn cluster_with_app_db() -> PgCluster {
+    let pg = PgCluster::start();
+    pg.batch_execute("CREATE DATABASE app");
+    pg
+}
+
+/// Config of a relay on the stdout sink, as the superuser on database `app`.
+pub fn stdout_config(pg: &PgCluster) -> String {
+    format!(
+        "[postgres]\nurl = \"{}\"\nslot = \"{SLOT}\"\npublication = \"{PUBLICATION}\"\n\
+         status_interval_ms = 200\n\
+         [outbox]\ntable = \"public.outbox\"\n[sink]\ntype = \"stdout\"\n",
+        pg.url("postgres", None, "app")
+    )
+}
+
+/// Config of a relay on the Kafka sink. `outbox` is the body of the `[outbox]` table
+/// (empty = defaults), `dead_letter` the optional dead-letter topic, `properties`
+/// extra librdkafka properties.
+pub fn kafka_config(
+    pg: &PgCluster,
+    bootstrap: &str,
+    outbox: &str,
+    dead_letter: Option<&str>,
+    properties: &[(&str, &str)],
+) -> String {
+    let mut toml = format!(
+        "[postgres]\nurl = \"{}\"\nslot = \"{SLOT}\"\npublication = \"{PUBLICATION}\"\n\
+         status_interval_ms = 200\n\
+         [outbox]\n{outbox}\n\
+         [sink]\ntype = \"kafka\"\n\
+         [kafka]\nbrokers = \"{bootstrap}\"\n\
+         [kafka.properties]\n\"linger.ms\" = \"5\"\n",
+        pg.url("postgres", None, "app")
+    );
+    for (key, value) in properties {
+        toml.push_str(&format!("\"{key}\" = \"{value}\"\n"));
+    }
+    if let Some(topic) = dead_letter {
+        toml.push_str(&format!("[dead_letter]\ntopic = \"{topic}\"\n"));
+    }
+    toml
+}
+
+/// Start a relay and wait until it streams (its slot exists from then on: rows
+/// committed before are, by design, not part of its stream).
+pub fn start_streaming(config: &str) -> RelayProcess {
+    let relay = RelayProcess::start(config);
+    relay.wait_for_stderr("starting replication", WAIT);
+    relay
+}
+
+/// Peak resident set size (VmHWM) of a running process, in KiB.
+pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}
