@@ -113,7 +113,7 @@ fn lesson_shaped_table_is_mapped_by_config() {
         let row = client
             .query_one(
                 "INSERT INTO events (type, user_id, data, created_at) \
-                 VALUES ($1, $2, jsonb_build_object('user', $2), timestamptz '2026-01-02 03:04:05.678+02') \
+                 VALUES ($1, $2::bigint, jsonb_build_object('user', $2::bigint), timestamptz '2026-01-02 03:04:05.678+02') \
                  RETURNING event_id::text, data::text",
                 &[kind, &(100 + n as i64)],
             )
@@ -360,5 +360,73 @@ fn without_a_dead_letter_topic_an_invalid_event_stops_the_relay_unacknowledged()
         again.stderr().contains("aggregatetype"),
         "{}",
         again.stderr()
+    );
+}
+
+#[test]
+fn a_missing_additional_column_sends_the_event_to_the_dead_letter_topic() {
+    let broker = TansuBroker::start();
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&kafka_config(
+        &pg,
+        &broker.bootstrap(),
+        "additional = [\"tenant:header\"]",
+        Some("dlq"),
+        &[],
+    ));
+    pg.client_db("app")
+        .batch_execute(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'o', 'T', '{\"x\": 1}')",
+        )
+        .unwrap();
+    let dead = consume(&broker.bootstrap(), &["dlq"], 1, IDLE, WAIT);
+    assert_eq!(dead.len(), 1);
+    let error = dead[0].header("error").unwrap();
+    assert!(
+        error.contains("tenant") && error.contains("outbox.additional"),
+        "{error}"
+    );
+    assert_eq!(
+        json(dead[0].value.as_deref().unwrap())["aggregatetype"],
+        "order"
+    );
+    // Once the column exists, the same configuration routes normally.
+    pg.client_db("app")
+        .batch_execute(
+            "ALTER TABLE outbox ADD COLUMN tenant text;
+             INSERT INTO outbox (aggregatetype, aggregateid, type, payload, tenant) VALUES ('order', 'o', 'T', '{}', 'acme')",
+        )
+        .unwrap();
+    let routed = consume(&broker.bootstrap(), &["outbox.event.order"], 1, IDLE, WAIT);
+    assert_eq!(routed[0].header("tenant").as_deref(), Some("acme"));
+    drop(relay);
+}
+
+#[test]
+fn a_topic_that_cannot_be_created_stops_the_relay_naming_it() {
+    let broker = TansuBroker::start();
+    let pg = cluster_with_outbox(PgOptions::default());
+    let config = kafka_config(&pg, &broker.bootstrap(), "", None, &[])
+        .replace("[kafka]\n", "[kafka]\ncreate_topics = false\n");
+    let relay = start_streaming(&config);
+    pg.client_db("app")
+        .batch_execute(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('nowhere', 'o', 'T', '{}')",
+        )
+        .unwrap();
+    let status = relay.wait_exit(WAIT);
+    assert!(!status.success());
+    let stderr = relay.stderr();
+    assert!(
+        stderr.contains("outbox.event.nowhere"),
+        "names the topic: {stderr}"
+    );
+    assert!(
+        stderr.contains("create_topics"),
+        "says how to fix it: {stderr}"
+    );
+    assert!(
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap() < pg.current_wal_lsn(),
+        "the event is not acknowledged"
     );
 }

@@ -452,6 +452,14 @@ impl Pipeline {
             SinkNotice::Fatal { reason } => {
                 return Err(RelayError::Sink(SinkError::KafkaFatal(reason)))
             }
+            SinkNotice::ClientError => {
+                if let AnySink::Kafka(kafka) = &self.sink {
+                    if let Some(reason) = kafka.fatal_error() {
+                        tracing::error!(reason = %reason, "fatal Kafka producer error: rebuilding the producer");
+                        return Err(RelayError::Sink(SinkError::KafkaFatal(reason)));
+                    }
+                }
+            }
         }
         Ok(())
     }

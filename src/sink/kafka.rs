@@ -59,15 +59,10 @@ struct RelayContext {
 
 impl ClientContext for RelayContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
-            tracing::error!(error = %error, reason, "fatal Kafka producer error");
-            let _ = self.notices.send(SinkNotice::Fatal {
-                reason: format!("{error}: {reason}"),
-            });
-        } else {
-            // Transient (broker down, network): librdkafka retries on its own.
-            tracing::warn!(error = %error, reason, "kafka client error (retrying)");
-        }
+        // Transient errors (broker down, network) are retried by librdkafka on its own;
+        // a fatal one is only visible through the client, which the pipeline checks.
+        tracing::warn!(error = %error, reason, "kafka client error");
+        let _ = self.notices.send(SinkNotice::ClientError);
     }
 }
 

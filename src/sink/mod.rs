@@ -28,6 +28,9 @@ pub enum SinkNotice {
     /// The sink cannot go on (e.g. a fatal idempotent-producer error): rebuild it and
     /// resend everything not yet acknowledged.
     Fatal { reason: String },
+    /// The client reported an error; it may have become fatal (librdkafka does not
+    /// flag fatal errors in its error callback, so the pipeline asks the client).
+    ClientError,
 }
 
 /// A definite per-event refusal (oversize, illegal topic, authorization).
