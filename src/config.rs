@@ -33,6 +33,9 @@ pub const DEFAULT_TOPIC_REPLICATION_FACTOR: i32 = 1;
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 100_000;
 /// How long a graceful shutdown waits for in-flight deliveries.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
+/// A sink with events in flight and no confirmation for this long releases the
+/// replication connection, so a dead broker cannot hold PostgreSQL's shutdown for long.
+pub const DEFAULT_STALL_RELEASE_MS: u64 = 60_000;
 /// Upper bound of the status update interval; the actual interval is also kept under a
 /// third of the server's `wal_sender_timeout`.
 pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 10_000;
@@ -93,6 +96,10 @@ pub struct PostgresConfig {
     /// Upper bound of the standby status update interval.
     #[serde(default = "default_status_interval_ms")]
     pub status_interval_ms: u64,
+    /// Reconnect when nothing arrives from PostgreSQL for this long although it was
+    /// asked to reply; unset = the server's `wal_sender_timeout` (60 s when disabled).
+    #[serde(default)]
+    pub receive_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -172,6 +179,11 @@ pub struct RelayConfig {
     pub max_in_flight: usize,
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
+    /// With events in flight and no delivery confirmed for this long, let the
+    /// replication connection go (and reconnect): PostgreSQL's shutdown waits for the
+    /// acknowledgements a stalled sink cannot give.
+    #[serde(default = "default_stall_release_ms")]
+    pub stall_release_ms: u64,
 }
 
 impl Default for RelayConfig {
@@ -179,6 +191,7 @@ impl Default for RelayConfig {
         RelayConfig {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
+            stall_release_ms: DEFAULT_STALL_RELEASE_MS,
         }
     }
 }
@@ -224,6 +237,9 @@ fn default_topic_regex() -> String {
 }
 fn default_max_in_flight() -> usize {
     DEFAULT_MAX_IN_FLIGHT
+}
+fn default_stall_release_ms() -> u64 {
+    DEFAULT_STALL_RELEASE_MS
 }
 fn default_shutdown_timeout_ms() -> u64 {
     DEFAULT_SHUTDOWN_TIMEOUT_MS
@@ -376,6 +392,12 @@ impl Config {
         }
         if let Err(router_problems) = crate::relay::router::Router::try_new(&self.outbox) {
             problems.extend(router_problems);
+        }
+        if self.relay.stall_release_ms == 0 {
+            problems.push("relay.stall_release_ms: must be greater than 0".into());
+        }
+        if self.postgres.receive_timeout_ms == Some(0) {
+            problems.push("postgres.receive_timeout_ms: must be greater than 0".into());
         }
         if self.relay.max_in_flight == 0 {
             problems.push("relay.max_in_flight: must be greater than 0".into());

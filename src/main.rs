@@ -74,16 +74,25 @@ fn main() -> ExitCode {
     }
 }
 
+/// Print the error with its causes (each once) on stderr and fail.
 fn fail(error: &dyn std::error::Error) -> ExitCode {
+    eprintln!("{}", describe(error));
+    ExitCode::FAILURE
+}
+
+/// `error: <message>: <cause>: ...`, leaving out causes the message already contains.
+fn describe(error: &dyn std::error::Error) -> String {
     let mut message = format!("error: {error}");
     let mut source = error.source();
     while let Some(cause) = source {
-        message.push_str(&format!(": {cause}"));
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
         source = cause.source();
     }
-    tracing::error!("{message}");
-    eprintln!("{message}");
-    ExitCode::FAILURE
+    message
 }
 
 /// Resolves at the first SIGTERM or SIGINT. A second signal exits at once: nothing

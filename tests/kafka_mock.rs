@@ -32,7 +32,10 @@ fn a_fatal_producer_error_rebuilds_the_producer_and_resends() {
              VALUES ('00000000-0000-0000-0000-0000000000aa', 'fatal', 'o', 'T', '{\"n\": 1}')",
         )
         .unwrap();
-    relay.wait_for_stderr("restarting from the slot's acknowledged position", WAIT);
+    relay.wait_for_stderr(
+        "streaming resumes from the slot's acknowledged position",
+        WAIT,
+    );
     let records = consume(
         &mock.bootstrap_servers(),
         &["outbox.event.fatal"],

@@ -82,16 +82,22 @@ pub enum PgError {
     },
     #[error("timed out after {secs} s connecting to PostgreSQL at {addr}")]
     ConnectTimeout { addr: String, secs: u64 },
-    #[error("authentication failed for user {user:?}: {reason}")]
-    Authentication { user: String, reason: String },
+    #[error("authentication failed for user {user:?} at {addr}: {reason}; check the user and password in [postgres] url (or PGPASSWORD when the url has none) and the server's pg_hba.conf")]
+    Authentication {
+        user: String,
+        addr: String,
+        reason: String,
+    },
     #[error("PostgreSQL connection lost: {0}")]
     Io(#[from] std::io::Error),
-    #[error("PostgreSQL closed the connection")]
-    Closed,
+    #[error("PostgreSQL at {addr} closed the connection")]
+    Closed { addr: String },
     #[error("PostgreSQL error: {0}")]
     Db(DbError),
     #[error("protocol error on the PostgreSQL connection: {0}")]
     Protocol(String),
+    #[error("the server at {addr} does not speak the PostgreSQL protocol ({reason}): check host and port in [postgres] url")]
+    NotPostgres { addr: String, reason: String },
     #[error("bad replication frame from PostgreSQL: {0}")]
     Frame(#[from] FrameError),
 }
@@ -141,6 +147,8 @@ pub enum SessionKind {
 /// One connection to PostgreSQL.
 pub struct PgConnection {
     stream: TcpStream,
+    /// `host:port`, for error messages.
+    addr: String,
     read_buf: BytesMut,
     write_buf: BytesMut,
     parameters: HashMap<String, String>,
@@ -176,6 +184,7 @@ impl PgConnection {
         stream.set_nodelay(true)?;
         let mut conn = PgConnection {
             stream,
+            addr: addr.to_owned(),
             read_buf: BytesMut::with_capacity(64 * 1024),
             write_buf: BytesMut::with_capacity(1024),
             parameters: HashMap::new(),
@@ -196,14 +205,26 @@ impl PgConnection {
         }
         frontend::startup_message(startup, &mut conn.write_buf)?;
         conn.flush().await?;
-        conn.authenticate(params).await?;
-        conn.wait_ready().await?;
-        Ok(conn)
+        let handshake = async {
+            conn.authenticate(params).await?;
+            conn.wait_ready().await
+        };
+        match handshake.await {
+            Ok(()) => Ok(conn),
+            // Garbage during the handshake: not PostgreSQL at all.
+            Err(PgError::Protocol(reason)) => Err(PgError::NotPostgres {
+                addr: addr.to_owned(),
+                reason,
+            }),
+            Err(other) => Err(other),
+        }
     }
 
     async fn authenticate(&mut self, params: &ConnectParams) -> Result<(), PgError> {
+        let addr = self.addr.clone();
         let auth_error = |reason: String| PgError::Authentication {
             user: params.user.clone(),
+            addr: addr.clone(),
             reason,
         };
         let password = || {
@@ -262,12 +283,13 @@ impl PgConnection {
                     continue;
                 }
                 Message::ErrorResponse(body) => {
-                    let error = DbError::from_fields(body.fields());
-                    // 28P01 invalid_password, 28000 invalid_authorization_specification.
-                    if error.code.starts_with("28") {
-                        return Err(auth_error(error.message));
-                    }
-                    return Err(PgError::Db(error));
+                    return Err(match server_error(body.fields()) {
+                        // 28P01 invalid_password, 28000 invalid_authorization_specification.
+                        PgError::Db(error) if error.code.starts_with("28") => {
+                            auth_error(error.message)
+                        }
+                        other => other,
+                    });
                 }
                 Message::AuthenticationKerberosV5
                 | Message::AuthenticationScmCredential
@@ -299,9 +321,7 @@ impl PgConnection {
                 }
                 Message::BackendKeyData(body) => self.backend_pid = body.process_id(),
                 Message::NoticeResponse(_) => {}
-                Message::ErrorResponse(body) => {
-                    return Err(PgError::Db(DbError::from_fields(body.fields())))
-                }
+                Message::ErrorResponse(body) => return Err(server_error(body.fields())),
                 _ => {
                     return Err(PgError::Protocol(
                         "unexpected message during startup".into(),
@@ -359,11 +379,11 @@ impl PgConnection {
                 | Message::NoticeResponse(_)
                 | Message::ParameterStatus(_) => {}
                 Message::ErrorResponse(body) => {
-                    error = Some(DbError::from_fields(body.fields()));
+                    error = Some(server_error(body.fields()));
                 }
                 Message::ReadyForQuery(_) => {
                     return match error {
-                        Some(error) => Err(PgError::Db(error)),
+                        Some(error) => Err(error),
                         None => Ok(result),
                     };
                 }
@@ -391,10 +411,10 @@ impl PgConnection {
                 match message {
                     Message::NoticeResponse(_) | Message::ParameterStatus(_) => continue,
                     Message::ErrorResponse(body) => {
-                        let error = DbError::from_fields(body.fields());
+                        let error = server_error(body.fields());
                         // Drain to ReadyForQuery so the connection stays usable.
                         self.drain_until_ready().await?;
-                        return Err(PgError::Db(error));
+                        return Err(error);
                     }
                     _ => {
                         return Err(PgError::Protocol(
@@ -418,18 +438,19 @@ impl PgConnection {
                             body.into_bytes(),
                         )?))
                     }
-                    Message::CopyDone => {
+                    // A walsender that ends streaming (server shutdown) may send
+                    // CommandComplete right away.
+                    Message::CopyDone | Message::CommandComplete(_) => {
                         self.in_copy_both = false;
                         return Ok(CopyEvent::Done);
                     }
                     Message::NoticeResponse(_) | Message::ParameterStatus(_) => continue,
-                    Message::ErrorResponse(body) => {
-                        return Err(PgError::Db(DbError::from_fields(body.fields())))
-                    }
-                    _ => {
-                        return Err(PgError::Protocol(
-                            "unexpected message in the replication stream".into(),
-                        ))
+                    Message::ErrorResponse(body) => return Err(server_error(body.fields())),
+                    other => {
+                        return Err(PgError::Protocol(format!(
+                            "unexpected {} message in the replication stream",
+                            message_name(&other)
+                        )))
                     }
                 }
             }
@@ -499,7 +520,9 @@ impl PgConnection {
         self.read_buf.reserve(64 * 1024);
         let n = self.stream.read_buf(&mut self.read_buf).await?;
         if n == 0 {
-            return Err(PgError::Closed);
+            return Err(PgError::Closed {
+                addr: self.addr.clone(),
+            });
         }
         Ok(())
     }
@@ -554,5 +577,32 @@ impl PgConnection {
                 "could not parse message with tag {tag:#04x}: {e}"
             ))),
         }
+    }
+}
+
+/// An ErrorResponse as an error; one without severity, SQLSTATE and message is not
+/// something PostgreSQL sends.
+fn server_error(fields: ErrorFields<'_>) -> PgError {
+    let error = DbError::from_fields(fields);
+    if error.code.is_empty() && error.message.is_empty() {
+        return PgError::Protocol("an ErrorResponse without severity, SQLSTATE or message".into());
+    }
+    PgError::Db(error)
+}
+
+/// A backend message's name, for error messages.
+fn message_name(message: &Message) -> &'static str {
+    match message {
+        Message::CommandComplete(_) => "CommandComplete",
+        Message::ReadyForQuery(_) => "ReadyForQuery",
+        Message::RowDescription(_) => "RowDescription",
+        Message::DataRow(_) => "DataRow",
+        Message::EmptyQueryResponse => "EmptyQueryResponse",
+        Message::NotificationResponse(_) => "NotificationResponse",
+        Message::CopyInResponse(_) => "CopyInResponse",
+        Message::CopyOutResponse(_) => "CopyOutResponse",
+        Message::BackendKeyData(_) => "BackendKeyData",
+        Message::AuthenticationOk => "AuthenticationOk",
+        _ => "backend",
     }
 }

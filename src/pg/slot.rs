@@ -223,6 +223,46 @@ async fn ensure_slot(
     Ok((lsn, false))
 }
 
+/// Turn a server error met while connecting or streaming into a definite error with
+/// its fix, when one is known; other errors are returned as they are (the caller
+/// decides whether a retry can help).
+pub fn explain_server_error(error: PgError, spec: &SourceSpec, user: &str) -> SetupError {
+    let PgError::Db(db) = &error else {
+        return error.into();
+    };
+    let message = &db.message;
+    let slot = &spec.slot;
+    let publication = &spec.publication;
+    match db.code.as_str() {
+        "42501" if message.contains("replication") || message.contains("WAL sender") => {
+            definite(format!(
+                "role {user:?} may not stream the WAL ({message}): run ALTER ROLE {} WITH REPLICATION, or use a role that has it",
+                quote_ident(user)
+            ))
+        }
+        "42501" => definite(format!(
+            "permission denied for role {user:?}: {message}; grant it the privilege PostgreSQL names"
+        )),
+        "3D000" => definite(format!(
+            "{message}: check the database name in [postgres] url (the outbox table's database)"
+        )),
+        "55000" if message.contains("can no longer get changes") || message.contains("invalidated") => {
+            definite(format!(
+                "replication slot {slot:?} is invalidated ({message}): the WAL it needed was removed, usually because of max_slot_wal_keep_size. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}) and start again (a new slot starts at the current position), then reconcile the outbox rows written meanwhile",
+                quote_literal(slot)
+            ))
+        }
+        "42704" if message.contains("publication") => definite(format!(
+            "publication {publication:?} does not exist ({message}); was it dropped? Recreate it as the owner of {}: CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'). If PostgreSQL still reports it missing, the slot's unread WAL predates the new publication: drop the slot (SELECT pg_drop_replication_slot({})), restart the relay, and reconcile outbox rows written since the last acknowledged position",
+            spec.table,
+            quote_ident(publication),
+            spec.table.quoted(),
+            quote_literal(slot)
+        )),
+        _ => error.into(),
+    }
+}
+
 /// The `START_REPLICATION` command for protocol version 1 (a transaction is sent only
 /// after it committed).
 pub fn start_replication_command(spec: &SourceSpec, from: Lsn) -> String {
@@ -268,6 +308,63 @@ mod tests {
             start_replication_command(&spec, Lsn(0x1_0000_0010)),
             "START_REPLICATION SLOT \"s\"\"lot\" LOGICAL 1/10 (proto_version '1', publication_names '\"pub''x\"')"
         );
+    }
+
+    fn db_error(code: &str, message: &str) -> PgError {
+        PgError::Db(crate::pg::conn::DbError {
+            severity: "ERROR".into(),
+            code: code.into(),
+            message: message.into(),
+            detail: None,
+            hint: None,
+        })
+    }
+
+    #[test]
+    fn known_server_errors_get_their_fix() {
+        let spec = SourceSpec {
+            slot: "outbox_relay".into(),
+            publication: "outbox_relay".into(),
+            table: QualifiedName::parse("public.outbox").unwrap(),
+        };
+        for (code, message, needle) in [
+            (
+                "42501",
+                "must be superuser or replication role to start walsender",
+                "ALTER ROLE \"app\" WITH REPLICATION",
+            ),
+            (
+                "3D000",
+                "database \"nope\" does not exist",
+                "[postgres] url",
+            ),
+            (
+                "55000",
+                "can no longer get changes from replication slot \"outbox_relay\"",
+                "pg_drop_replication_slot",
+            ),
+            (
+                "42704",
+                "publication \"outbox_relay\" does not exist",
+                "CREATE PUBLICATION",
+            ),
+        ] {
+            match explain_server_error(db_error(code, message), &spec, "app") {
+                SetupError::Definite(text) => assert!(text.contains(needle), "{code}: {text}"),
+                other => panic!("{code} should be definite, got {other:?}"),
+            }
+        }
+        assert!(matches!(
+            explain_server_error(
+                db_error(
+                    "57P01",
+                    "terminating connection due to administrator command"
+                ),
+                &spec,
+                "app"
+            ),
+            SetupError::Pg(_)
+        ));
     }
 
     #[test]

@@ -44,6 +44,12 @@ pub enum RelayError {
     Ack(#[from] ack::AckError),
     #[error("PostgreSQL ended the replication stream")]
     StreamEnded,
+    #[error("nothing received from PostgreSQL for {secs} s although it was asked to reply (network cut or blackholed?)")]
+    Silent { secs: u64 },
+    #[error("no delivery confirmed for {secs} s with {in_flight} events in flight: releasing the replication connection so PostgreSQL is not held (its shutdown waits for acknowledgements); the events are sent again after reconnecting")]
+    SinkStalled { secs: u64, in_flight: u64 },
+    #[error("PostgreSQL's timeline changed from {from} to {to}: the server was promoted or restored from backup. Check that the slot survived with its position (WAL after it may be missing on the new timeline), then restart the relay")]
+    TimelineChanged { from: u32, to: u32 },
 }
 
 impl From<SetupError> for RelayError {
@@ -63,17 +69,25 @@ const RETRYABLE_SQLSTATES: &[&str] = &["57P01", "57P02", "57P03", "53300", "5500
 impl RelayError {
     /// Retryable errors restart the pipeline (with backoff) from the slot's
     /// acknowledged position; all others stop the relay with their message.
+    /// Whether PostgreSQL refused the slot because another process streams from it
+    /// (a standby relay waiting to take over).
+    pub fn slot_in_use(&self) -> bool {
+        matches!(self, RelayError::Pg(PgError::Db(db)) if db.code == "55006")
+    }
+
     pub fn is_retryable(&self) -> bool {
         match self {
             RelayError::Pg(pg) => match pg {
                 PgError::Connect { .. }
                 | PgError::ConnectTimeout { .. }
                 | PgError::Io(_)
-                | PgError::Closed => true,
+                | PgError::Closed { .. } => true,
                 PgError::Db(db) => RETRYABLE_SQLSTATES.contains(&db.code.as_str()),
                 _ => false,
             },
-            RelayError::StreamEnded => true,
+            RelayError::StreamEnded
+            | RelayError::Silent { .. }
+            | RelayError::SinkStalled { .. } => true,
             RelayError::Sink(SinkError::KafkaFatal(_)) => true,
             _ => false,
         }

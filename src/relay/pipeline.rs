@@ -21,10 +21,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{SinkKind, Validated};
-use crate::pg::conn::{CopyEvent, PgConnection, SessionKind};
+use crate::pg::conn::{CopyEvent, PgConnection, PgError, SessionKind};
 use crate::pg::pgoutput::{self, PgTimestamp, StreamState};
 use crate::pg::replication::{ReplicationFrame, StandbyStatusUpdate};
-use crate::pg::slot::{self, SourceSpec};
+use crate::pg::slot::{self, SetupError, SourceSpec};
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
 use crate::relay::backoff::Backoff;
@@ -42,6 +42,8 @@ const STATUS_FRACTION_OF_TIMEOUT: u32 = 3;
 const MIN_STATUS_INTERVAL: Duration = Duration::from_millis(100);
 /// How long closing the connection politely may take at shutdown.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// Silence allowed when the server has no `wal_sender_timeout` to go by.
+const DEFAULT_RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// An attempt that ran this long resets the backoff: the fault was not persistent.
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 
@@ -53,6 +55,21 @@ pub fn status_interval(configured: Duration, wal_sender_timeout: Option<Duration
         _ => configured,
     };
     interval.max(MIN_STATUS_INTERVAL)
+}
+
+/// How long PostgreSQL may stay silent, although asked to reply, before the link is
+/// taken for dead: the configured value, else the server's `wal_sender_timeout` (the
+/// server gives up on us after as long), never less than three status intervals.
+pub fn receive_timeout(
+    configured: Option<Duration>,
+    wal_sender_timeout: Option<Duration>,
+    interval: Duration,
+) -> Duration {
+    let derived = match wal_sender_timeout {
+        Some(timeout) if !timeout.is_zero() => timeout,
+        _ => DEFAULT_RECEIVE_TIMEOUT,
+    };
+    configured.unwrap_or(derived).max(interval * 3)
 }
 
 /// Run the relay until `shutdown` resolves (graceful: `Ok`) or a definite error.
@@ -67,9 +84,10 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let mut backoff = Backoff::from_clock();
+    let mut timeline = None;
     loop {
         let started = Instant::now();
-        let error = match run_attempt(&settings, stop.clone()).await {
+        let error = match run_attempt(&settings, stop.clone(), &mut timeline).await {
             Ok(()) => return Ok(()),
             Err(error) if error.is_retryable() => error,
             Err(error) => return Err(error),
@@ -78,11 +96,18 @@ pub async fn run(
             backoff.reset();
         }
         let delay = backoff.next_delay();
-        tracing::warn!(
-            error = %error,
-            retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-            "relay interrupted; restarting from the slot's acknowledged position"
-        );
+        let retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        if error.slot_in_use() {
+            // A standby relay: another instance streams from the slot; take over when
+            // it goes away.
+            tracing::info!(error = %error, retry_in_ms, "replication slot is in use by another process; waiting");
+        } else {
+            tracing::warn!(
+                error = %error,
+                retry_in_ms,
+                "relay interrupted; retrying (streaming resumes from the slot's acknowledged position)"
+            );
+        }
         let mut stop = stop.clone();
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
@@ -145,12 +170,19 @@ struct Pipeline {
     stalled: VecDeque<(OutboxEvent, TxnSeq)>,
     progress: Progress,
     logged: Progress,
+    /// When the last message arrived from PostgreSQL (while reading).
+    last_received: Instant,
+    /// When a delivery was last confirmed, or nothing was in flight.
+    last_progress: Instant,
+    receive_timeout: Duration,
+    stall_release: Duration,
 }
 
 /// One attempt: connect, prepare, stream until shutdown (`Ok`) or an error.
 async fn run_attempt(
     settings: &Validated,
     mut stop: watch::Receiver<bool>,
+    timeline: &mut Option<u32>,
 ) -> Result<(), RelayError> {
     let config = &settings.config;
     let spec = SourceSpec {
@@ -164,9 +196,25 @@ async fn run_attempt(
             problems,
         })
     })?;
-    let mut conn =
-        PgConnection::connect(&settings.connect, SessionKind::LogicalReplication).await?;
-    let prepared = slot::prepare(&mut conn, &spec).await?;
+    let user = settings.connect.user.as_str();
+    let explain = |error: PgError| RelayError::from(slot::explain_server_error(error, &spec, user));
+    let mut conn = PgConnection::connect(&settings.connect, SessionKind::LogicalReplication)
+        .await
+        .map_err(explain)?;
+    let prepared = match slot::prepare(&mut conn, &spec).await {
+        Ok(prepared) => prepared,
+        Err(SetupError::Pg(error)) => return Err(explain(error)),
+        Err(other) => return Err(other.into()),
+    };
+    match *timeline {
+        Some(from) if from != prepared.timeline => {
+            return Err(RelayError::TimelineChanged {
+                from,
+                to: prepared.timeline,
+            })
+        }
+        _ => *timeline = Some(prepared.timeline),
+    }
 
     let (notice_tx, notices) = mpsc::unbounded_channel();
     let dead_letter_topic = config.dead_letter.as_ref().map(|d| d.topic.clone());
@@ -203,11 +251,20 @@ async fn run_attempt(
         "starting replication"
     );
     conn.start_copy_both(&slot::start_replication_command(&spec, Lsn::ZERO))
-        .await?;
+        .await
+        .map_err(explain)?;
 
     let interval = status_interval(
         Duration::from_millis(config.postgres.status_interval_ms),
         prepared.wal_sender_timeout,
+    );
+    let receive_timeout = receive_timeout(
+        config
+            .postgres
+            .receive_timeout_ms
+            .map(Duration::from_millis),
+        prepared.wal_sender_timeout,
+        interval,
     );
     let start = Progress {
         flush_lsn: prepared.slot_lsn,
@@ -225,8 +282,18 @@ async fn run_attempt(
         stalled: VecDeque::new(),
         progress: start,
         logged: start,
+        last_received: Instant::now(),
+        last_progress: Instant::now(),
+        receive_timeout,
+        stall_release: Duration::from_millis(config.relay.stall_release_ms),
     };
-    pipeline.stream(interval, &mut stop).await?;
+    pipeline
+        .stream(interval, &mut stop)
+        .await
+        .map_err(|error| match error {
+            RelayError::Pg(pg) => explain(pg),
+            other => other,
+        })?;
     pipeline.drain(settings.shutdown_timeout()).await?;
     tracing::info!(
         events = pipeline.progress.events,
@@ -255,15 +322,18 @@ impl Pipeline {
                     return Ok(());
                 }
                 Some(notice) = self.notices.recv() => {
+                    self.last_progress = Instant::now();
                     self.on_notice(notice)?;
                     self.retry_stalled()?;
                 }
                 _ = timer.tick() => {
                     self.retry_stalled()?;
-                    self.send_status(false).await?;
+                    let probe = self.check_liveness(reading, interval)?;
+                    self.send_status(probe).await?;
                     self.log_progress();
                 }
                 event = self.conn.next_copy_event(), if reading => {
+                    self.last_received = Instant::now();
                     match event? {
                         CopyEvent::Frame(ReplicationFrame::XLogData(xlog)) => {
                             let message = pgoutput::decode(&xlog.data, StreamState::Outside)?;
@@ -281,6 +351,35 @@ impl Pipeline {
                 }
             }
         }
+    }
+
+    /// Called on every status tick. Fails when PostgreSQL went silent although asked to
+    /// reply, or when the sink has made no progress for `stall_release`; returns
+    /// whether this status update should ask PostgreSQL for a reply.
+    fn check_liveness(&mut self, reading: bool, interval: Duration) -> Result<bool, RelayError> {
+        let now = Instant::now();
+        if !reading {
+            // Nothing is read while paused, so silence proves nothing.
+            self.last_received = now;
+        }
+        let silent = now.duration_since(self.last_received);
+        if silent > self.receive_timeout {
+            return Err(RelayError::Silent {
+                secs: silent.as_secs(),
+            });
+        }
+        let in_flight = self.tracker.in_flight();
+        if in_flight == 0 {
+            self.last_progress = now;
+        }
+        let stalled = now.duration_since(self.last_progress);
+        if stalled > self.stall_release {
+            return Err(RelayError::SinkStalled {
+                secs: stalled.as_secs(),
+                in_flight,
+            });
+        }
+        Ok(reading && silent >= interval)
     }
 
     async fn on_step(&mut self, step: Step) -> Result<(), RelayError> {
@@ -538,6 +637,24 @@ fn now_pg() -> PgTimestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn receive_timeout_follows_the_server_and_covers_three_intervals() {
+        let second = Duration::from_secs(1);
+        assert_eq!(
+            receive_timeout(None, Some(60 * second), 10 * second),
+            60 * second
+        );
+        assert_eq!(
+            receive_timeout(None, Some(Duration::ZERO), 10 * second),
+            DEFAULT_RECEIVE_TIMEOUT
+        );
+        assert_eq!(
+            receive_timeout(Some(5 * second), Some(60 * second), second),
+            5 * second
+        );
+        assert_eq!(receive_timeout(Some(second), None, second), 3 * second);
+    }
 
     #[test]
     fn status_interval_stays_under_a_third_of_the_timeout() {

@@ -67,6 +67,12 @@ pub enum AssemblyError {
     UnknownRelation { relation_id: u32 },
     #[error("unexpected {message} message: the relay asks for protocol version 1 without streaming or two-phase")]
     Unexpected { message: &'static str },
+    #[error("the outbox table {from} was renamed to {to} (relation id {relation_id}): inserts into it would no longer be recognised as events. Set [outbox] table = \"{to}\" (or rename the table back) and restart; nothing after this point was acknowledged")]
+    OutboxRenamed {
+        relation_id: u32,
+        from: String,
+        to: String,
+    },
 }
 
 struct CachedRelation {
@@ -146,7 +152,7 @@ impl TxnAssembler {
                 })
             }
             PgOutputMessage::Relation(body) => {
-                self.cache_relation(body);
+                self.cache_relation(body)?;
                 Ok(Step::Nothing)
             }
             PgOutputMessage::Insert {
@@ -225,8 +231,17 @@ impl TxnAssembler {
         }
     }
 
-    fn cache_relation(&mut self, body: RelationBody) {
+    fn cache_relation(&mut self, body: RelationBody) -> Result<(), AssemblyError> {
         let is_outbox = body.namespace == self.table.schema && body.name == self.table.name;
+        if let Some(previous) = self.relations.get(&body.relation_id) {
+            if previous.is_outbox && !is_outbox {
+                return Err(AssemblyError::OutboxRenamed {
+                    relation_id: body.relation_id,
+                    from: previous.display_name.clone(),
+                    to: format!("{}.{}", body.namespace, body.name),
+                });
+            }
+        }
         let cached = CachedRelation {
             is_outbox,
             display_name: format!("{}.{}", body.namespace, body.name),
@@ -238,6 +253,7 @@ impl TxnAssembler {
             },
         };
         self.relations.insert(body.relation_id, cached);
+        Ok(())
     }
 }
 
@@ -413,6 +429,27 @@ mod tests {
             }
             other => panic!("expected a routing error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_renamed_outbox_table_is_a_definite_error() {
+        let mut a = assembler();
+        a.apply(relation(1, "outbox", &["id"]), Lsn(0)).unwrap();
+        a.apply(relation(2, "orders", &["id"]), Lsn(0)).unwrap();
+        a.apply(relation(2, "orders_v2", &["id"]), Lsn(0))
+            .expect("other tables may be renamed");
+        let err = a
+            .apply(relation(1, "outbox_old", &["id"]), Lsn(0))
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            AssemblyError::OutboxRenamed { relation_id: 1, .. }
+        ));
+        let message = err.to_string();
+        assert!(
+            message.contains("public.outbox_old") && message.contains("[outbox] table"),
+            "{message}"
+        );
     }
 
     #[test]

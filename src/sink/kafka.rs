@@ -42,6 +42,9 @@ const PRODUCER_DEFAULTS: &[(&str, &str)] = &[
     ("client.id", "outbox-relay"),
 ];
 
+/// librdkafka's default `message.max.bytes`.
+const LIBRDKAFKA_MESSAGE_MAX_BYTES: u32 = 1_000_000;
+
 /// How long an admin request (create topic, metadata) may take.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -99,6 +102,8 @@ pub struct KafkaSink {
     settings: KafkaConfig,
     keep_events: bool,
     known_topics: HashSet<String>,
+    /// The producer's `message.max.bytes`, for error messages.
+    max_message_bytes: String,
 }
 
 /// The producer's client configuration: our defaults, then the user's properties.
@@ -150,6 +155,11 @@ impl KafkaSink {
             settings: settings.clone(),
             keep_events,
             known_topics: HashSet::new(),
+            max_message_bytes: settings
+                .properties
+                .get("message.max.bytes")
+                .cloned()
+                .unwrap_or_else(|| LIBRDKAFKA_MESSAGE_MAX_BYTES.to_string()),
         })
     }
 
@@ -290,6 +300,17 @@ impl Sink for KafkaSink {
                     Some(RDKafkaErrorCode::Fatal) => Err(SendError::Sink(SinkError::KafkaFatal(
                         self.fatal_error().unwrap_or_else(|| error.to_string()),
                     ))),
+                    Some(RDKafkaErrorCode::MessageSizeTooLarge) => {
+                        let size = event.key.as_ref().map_or(0, String::len)
+                            + event.value().map_or(0, |v| v.len());
+                        Err(SendError::Refused {
+                            reason: format!(
+                                "the record ({size} bytes of key and value) is too large for message.max.bytes ({}): raise message.max.bytes in [kafka.properties] (and the topic's max.message.bytes on the brokers)",
+                                self.max_message_bytes
+                            ),
+                            event,
+                        })
+                    }
                     _ => Err(SendError::Refused {
                         reason: format!("Kafka refused the record: {error}"),
                         event,

@@ -1,0 +1,335 @@
+//! Faults a production relay meets, one at a time, against a real PostgreSQL and a
+//! real Kafka-protocol broker: reconnects that never mis-acknowledge, graceful and
+//! forced shutdown, and definite errors that stop with the fix in the message.
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use support::kafka::{consume, TansuBroker};
+use support::outbox::{
+    cluster_with_outbox, kafka_config, start_streaming, stdout_config, SLOT, WAIT,
+};
+use support::{PgCluster, PgOptions, RelayProcess};
+
+fn insert(pg: &PgCluster, kind: &str, ids: std::ops::Range<u32>) -> Vec<String> {
+    let mut client = pg.client_db("app");
+    ids.map(|n| {
+        let id = format!("00000000-0000-0000-0000-{n:012}");
+        client
+            .execute(
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1::text::uuid, $2, 'a', 'T', '{}')",
+                &[&id, &kind],
+            )
+            .unwrap();
+        id
+    })
+    .collect()
+}
+
+fn ids_of(lines: &[String]) -> HashSet<String> {
+    lines
+        .iter()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            v["key"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+/// Wait until the relay printed every id in `want` (duplicates allowed).
+fn wait_for_ids(relay: &RelayProcess, want: &[String]) {
+    support::wait_until("every committed event printed", WAIT, || {
+        let seen = ids_of(&relay.lines());
+        want.iter().all(|id| seen.contains(id))
+    });
+}
+
+#[test]
+fn postgres_restarts_fast_and_immediate_are_survived() {
+    let mut pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&stdout_config(&pg));
+    let mut want = insert(&pg, "restart", 0..10);
+    wait_for_ids(&relay, &want);
+    pg.stop_fast();
+    pg.start_again();
+    want.extend(insert(&pg, "restart", 10..20));
+    wait_for_ids(&relay, &want);
+    pg.stop_immediate();
+    pg.start_again();
+    want.extend(insert(&pg, "restart", 20..30));
+    wait_for_ids(&relay, &want);
+    let stderr = relay.stderr();
+    assert!(
+        stderr.contains("streaming resumes from the slot's acknowledged position"),
+        "{stderr}"
+    );
+    assert_eq!(relay.exit_status(), None);
+}
+
+#[test]
+fn a_terminated_walsender_is_reconnected() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&stdout_config(&pg));
+    let mut want = insert(&pg, "terminate", 0..5);
+    wait_for_ids(&relay, &want);
+    let terminated: bool = pg
+        .client()
+        .query_one(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&SLOT],
+        )
+        .unwrap()
+        .get(0);
+    assert!(terminated);
+    want.extend(insert(&pg, "terminate", 5..10));
+    wait_for_ids(&relay, &want);
+    assert!(
+        relay.stderr().contains("terminating connection"),
+        "cause logged: {}",
+        relay.stderr()
+    );
+}
+
+#[test]
+fn a_second_relay_waits_for_the_slot_and_takes_over() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let active = start_streaming(&stdout_config(&pg));
+    let standby = RelayProcess::start(&stdout_config(&pg));
+    standby.wait_for_stderr("replication slot is in use by another process", WAIT);
+    assert!(
+        standby.stderr().contains("is active for PID"),
+        "names the pid: {}",
+        standby.stderr()
+    );
+    let first = insert(&pg, "ha", 0..5);
+    wait_for_ids(&active, &first);
+    active.kill9();
+    active.wait_exit(WAIT);
+    let second = insert(&pg, "ha", 5..10);
+    wait_for_ids(&standby, &second);
+}
+
+#[test]
+fn sigterm_behind_a_dead_broker_exits_in_time_without_acknowledging() {
+    let broker = TansuBroker::start();
+    let pg = cluster_with_outbox(PgOptions::default());
+    let config = kafka_config(&pg, &broker.bootstrap(), "", None, &[]).replace(
+        "status_interval_ms = 200\n",
+        "status_interval_ms = 200\n[relay]\nshutdown_timeout_ms = 2000\n",
+    );
+    // [relay] must come before [sink]/[kafka] tables; the replace above keeps TOML valid
+    // because it lands inside the [postgres] table's end.
+    let relay = start_streaming(&config);
+    insert(&pg, "dead", 0..1);
+    consume(
+        &broker.bootstrap(),
+        &["outbox.event.dead"],
+        1,
+        Duration::ZERO,
+        WAIT,
+    );
+    broker.pause();
+    let before = pg.current_wal_lsn();
+    insert(&pg, "dead", 1..6);
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    relay.sigterm();
+    let status = relay.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "graceful exit: {status}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "bounded by shutdown_timeout_ms"
+    );
+    assert!(
+        relay.stderr().contains("shutdown timeout"),
+        "{}",
+        relay.stderr()
+    );
+    assert!(
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap() <= before,
+        "nothing undelivered acknowledged"
+    );
+    broker.resume();
+}
+
+#[test]
+fn a_second_signal_exits_at_once() {
+    let broker = TansuBroker::start();
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&kafka_config(&pg, &broker.bootstrap(), "", None, &[]));
+    insert(&pg, "twice", 0..1);
+    consume(
+        &broker.bootstrap(),
+        &["outbox.event.twice"],
+        1,
+        Duration::ZERO,
+        WAIT,
+    );
+    broker.pause();
+    let before = pg.current_wal_lsn();
+    insert(&pg, "twice", 1..3);
+    relay.sigterm();
+    relay.wait_for_stderr("shutdown requested", WAIT);
+    relay.sigint();
+    let status = relay.wait_exit(Duration::from_secs(10));
+    assert!(!status.success(), "a forced exit is not a clean one");
+    assert!(
+        relay.stderr().contains("second signal"),
+        "{}",
+        relay.stderr()
+    );
+    assert!(pg.slot_confirmed_flush_lsn(SLOT).unwrap() <= before);
+    broker.resume();
+}
+
+#[test]
+fn a_relay_stuck_behind_a_dead_broker_does_not_hang_postgres_shutdown() {
+    let broker = TansuBroker::start();
+    let mut pg = cluster_with_outbox(PgOptions::default());
+    let config = kafka_config(&pg, &broker.bootstrap(), "", None, &[]).replace(
+        "status_interval_ms = 200\n",
+        "status_interval_ms = 200\n[relay]\nstall_release_ms = 3000\n",
+    );
+    let relay = start_streaming(&config);
+    insert(&pg, "stuck", 0..1);
+    consume(
+        &broker.bootstrap(),
+        &["outbox.event.stuck"],
+        1,
+        Duration::ZERO,
+        WAIT,
+    );
+    broker.pause();
+    let want = insert(&pg, "stuck", 1..4);
+    let started = Instant::now();
+    pg.stop_fast();
+    let took = started.elapsed();
+    println!("PostgreSQL fast shutdown with the relay stuck behind a paused broker took {took:?}");
+    assert!(took < Duration::from_secs(30), "shutdown took {took:?}");
+    pg.start_again();
+    broker.resume();
+    let records = consume(
+        &broker.bootstrap(),
+        &["outbox.event.stuck"],
+        4,
+        Duration::from_secs(3),
+        WAIT,
+    );
+    let seen: HashSet<String> = records.iter().filter_map(|r| r.header("id")).collect();
+    for id in &want {
+        assert!(seen.contains(id), "event {id} lost");
+    }
+    assert_eq!(
+        relay.exit_status(),
+        None,
+        "the relay reconnects after the restart"
+    );
+}
+
+#[test]
+fn an_invalidated_slot_stops_with_the_recovery_step() {
+    let pg = cluster_with_outbox(PgOptions {
+        extra_conf: vec![("max_slot_wal_keep_size".into(), "1MB".into())],
+        ..PgOptions::default()
+    });
+    let relay = start_streaming(&stdout_config(&pg));
+    relay.sigterm();
+    assert!(relay.wait_exit(WAIT).success());
+    let mut client = pg.client_db("app");
+    client
+        .batch_execute("CREATE TABLE filler (x text)")
+        .unwrap();
+    support::wait_until("slot invalidated (wal_status = lost)", WAIT, || {
+        client
+            .batch_execute(
+                "INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 20000); SELECT pg_switch_wal(); CHECKPOINT;",
+            )
+            .unwrap();
+        let status: Option<String> = client
+            .query_one(
+                "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1",
+                &[&SLOT],
+            )
+            .unwrap()
+            .get(0);
+        status.as_deref() == Some("lost")
+    });
+    let (status, _, stderr) = support::run_relay_to_exit(&stdout_config(&pg), WAIT);
+    assert!(!status.success());
+    assert!(stderr.contains("invalidated"), "{stderr}");
+    assert!(stderr.contains("max_slot_wal_keep_size"), "{stderr}");
+    assert!(
+        stderr.contains("pg_drop_replication_slot"),
+        "says how to recover: {stderr}"
+    );
+}
+
+#[test]
+fn a_dropped_publication_stops_with_the_fix() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&stdout_config(&pg));
+    insert(&pg, "pub", 0..1);
+    relay.wait_for_lines(1, WAIT);
+    pg.client_db("app")
+        .batch_execute("DROP PUBLICATION outbox_relay")
+        .unwrap();
+    insert(&pg, "pub", 1..2);
+    let status = relay.wait_exit(WAIT);
+    assert!(!status.success());
+    let stderr = relay.stderr();
+    assert!(
+        stderr.contains("publication \"outbox_relay\" does not exist"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("CREATE PUBLICATION"),
+        "says how to fix it: {stderr}"
+    );
+}
+
+#[test]
+fn a_renamed_outbox_table_stops_with_the_fix() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&stdout_config(&pg));
+    insert(&pg, "rename", 0..1);
+    relay.wait_for_lines(1, WAIT);
+    let before = pg.current_wal_lsn();
+    pg.client_db("app")
+        .batch_execute(
+            "ALTER TABLE outbox RENAME TO outbox_old;
+             INSERT INTO outbox_old (aggregatetype, aggregateid, type, payload) VALUES ('rename', 'a', 'T', '{}')",
+        )
+        .unwrap();
+    let status = relay.wait_exit(WAIT);
+    assert!(!status.success());
+    let stderr = relay.stderr();
+    assert!(stderr.contains("renamed to public.outbox_old"), "{stderr}");
+    assert!(
+        stderr.contains("[outbox] table"),
+        "says how to fix it: {stderr}"
+    );
+    assert!(
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap() <= before,
+        "the insert is not acknowledged"
+    );
+}
+
+#[test]
+fn a_dropped_outbox_table_stops_at_start_with_the_fix() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&stdout_config(&pg));
+    relay.sigterm();
+    relay.wait_exit(WAIT);
+    pg.client_db("app")
+        .batch_execute("DROP TABLE outbox")
+        .unwrap();
+    let (status, _, stderr) = support::run_relay_to_exit(&stdout_config(&pg), WAIT);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("outbox table public.outbox does not exist"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("sql/outbox.sql"), "{stderr}");
+}
