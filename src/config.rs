@@ -54,6 +54,15 @@ pub struct Config {
     pub kafka: Option<KafkaConfig>,
     #[serde(default)]
     pub dead_letter: Option<DeadLetterConfig>,
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `host:port` to serve Prometheus metrics on (`GET /metrics`).
+    pub listen: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -392,6 +401,14 @@ impl Config {
         }
         if let Err(router_problems) = crate::relay::router::Router::try_new(&self.outbox) {
             problems.extend(router_problems);
+        }
+        if let Some(metrics) = &self.metrics {
+            if metrics.listen.parse::<std::net::SocketAddr>().is_err() {
+                problems.push(format!(
+                    "metrics.listen: {:?} is not an address like 127.0.0.1:9187",
+                    metrics.listen
+                ));
+            }
         }
         if self.relay.stall_release_ms == 0 {
             problems.push("relay.stall_release_ms: must be greater than 0".into());

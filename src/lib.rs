@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod metrics;
 pub mod pg;
 pub mod relay;
 pub mod sink;

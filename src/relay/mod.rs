@@ -44,6 +44,8 @@ pub enum RelayError {
     Ack(#[from] ack::AckError),
     #[error("PostgreSQL ended the replication stream")]
     StreamEnded,
+    #[error("metrics: {0}; change [metrics] listen")]
+    Metrics(String),
     #[error("nothing received from PostgreSQL for {secs} s although it was asked to reply (network cut or blackholed?)")]
     Silent { secs: u64 },
     #[error("no delivery confirmed for {secs} s with {in_flight} events in flight: releasing the replication connection so PostgreSQL is not held (its shutdown waits for acknowledgements); the events are sent again after reconnecting")]

@@ -16,11 +16,13 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{SinkKind, Validated};
+use crate::metrics::Metrics;
 use crate::pg::conn::{CopyEvent, PgConnection, PgError, SessionKind};
 use crate::pg::pgoutput::{self, PgTimestamp, StreamState};
 use crate::pg::replication::{ReplicationFrame, StandbyStatusUpdate};
@@ -83,15 +85,32 @@ pub async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
+    let metrics = Metrics::new();
+    let _metrics_server = match &settings.config.metrics {
+        Some(config) => {
+            let listener = tokio::net::TcpListener::bind(&config.listen)
+                .await
+                .map_err(|e| {
+                    RelayError::Metrics(format!("cannot listen on {}: {e}", config.listen))
+                })?;
+            tracing::info!(listen = %config.listen, "serving Prometheus metrics on /metrics");
+            Some(AbortOnDrop(tokio::spawn(crate::metrics::serve(
+                listener,
+                Arc::clone(&metrics),
+            ))))
+        }
+        None => None,
+    };
     let mut backoff = Backoff::from_clock();
     let mut timeline = None;
     loop {
         let started = Instant::now();
-        let error = match run_attempt(&settings, stop.clone(), &mut timeline).await {
+        let error = match run_attempt(&settings, stop.clone(), &mut timeline, &metrics).await {
             Ok(()) => return Ok(()),
             Err(error) if error.is_retryable() => error,
             Err(error) => return Err(error),
         };
+        Metrics::add(&metrics.restarts, 1);
         if started.elapsed() > BACKOFF_RESET_AFTER {
             backoff.reset();
         }
@@ -113,6 +132,15 @@ pub async fn run(
             () = tokio::time::sleep(delay) => {}
             () = stopped(&mut stop) => return Ok(()),
         }
+    }
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -176,6 +204,7 @@ struct Pipeline {
     last_progress: Instant,
     receive_timeout: Duration,
     stall_release: Duration,
+    metrics: Arc<Metrics>,
 }
 
 /// One attempt: connect, prepare, stream until shutdown (`Ok`) or an error.
@@ -183,6 +212,7 @@ async fn run_attempt(
     settings: &Validated,
     mut stop: watch::Receiver<bool>,
     timeline: &mut Option<u32>,
+    metrics: &Arc<Metrics>,
 ) -> Result<(), RelayError> {
     let config = &settings.config;
     let spec = SourceSpec {
@@ -286,6 +316,7 @@ async fn run_attempt(
         last_progress: Instant::now(),
         receive_timeout,
         stall_release: Duration::from_millis(config.relay.stall_release_ms),
+        metrics: Arc::clone(metrics),
     };
     pipeline
         .stream(interval, &mut stop)
@@ -398,6 +429,7 @@ impl Pipeline {
             Step::Commit { seq, end_lsn } => {
                 self.tracker.commit(seq, end_lsn)?;
                 self.progress.transactions += 1;
+                Metrics::add(&self.metrics.transactions, 1);
                 self.sink.sink().flush()?;
             }
             Step::Nothing => {}
@@ -422,6 +454,7 @@ impl Pipeline {
         }
         self.tracker.event_sent(seq)?;
         self.progress.events += 1;
+        Metrics::add(&self.metrics.events, 1);
         self.submit(event, seq)
     }
 
@@ -528,6 +561,7 @@ impl Pipeline {
         );
         self.tracker.event_sent(seq)?;
         self.progress.dead_lettered += 1;
+        Metrics::add(&self.metrics.dead_lettered, 1);
         self.submit(letter.into_event(&topic), seq)
     }
 
@@ -585,6 +619,13 @@ impl Pipeline {
         };
         tracing::debug!(write = %update.write, flush = %flush, "status update");
         self.conn.send_status(&update).await?;
+        Metrics::set(&self.metrics.flush_lsn, flush.0);
+        Metrics::set(&self.metrics.received_lsn, update.write.0);
+        Metrics::set(&self.metrics.in_flight, self.tracker.in_flight());
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Metrics::set(&self.metrics.last_status_unix_seconds, unix);
         Ok(())
     }
 

@@ -1,0 +1,66 @@
+//! Progress is visible in metrics: the relay serves Prometheus text on /metrics.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+
+use support::outbox::{cluster_with_outbox, start_streaming, stdout_config, WAIT};
+use support::PgOptions;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn scrape(port: u16) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
+}
+
+fn value(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn metrics_show_events_and_the_acknowledged_position() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let port = free_port();
+    let config = format!(
+        "{}[metrics]\nlisten = \"127.0.0.1:{port}\"\n",
+        stdout_config(&pg)
+    );
+    let relay = start_streaming(&config);
+    pg.client_db("app")
+        .batch_execute(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+             SELECT 'm', 'a', 'T', '{}' FROM generate_series(1, 3)",
+        )
+        .unwrap();
+    relay.wait_for_lines(3, WAIT);
+    let after = pg.current_wal_lsn();
+    let text = support::wait_for(
+        "metrics report 3 events and the acknowledged commit",
+        WAIT,
+        || {
+            let text = scrape(port)?;
+            let events = value(&text, "outbox_relay_events_total")?;
+            let flush = value(&text, "outbox_relay_flush_lsn")?;
+            (events == 3 && flush >= after).then_some(text)
+        },
+    );
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert_eq!(value(&text, "outbox_relay_transactions_total"), Some(1));
+    assert_eq!(value(&text, "outbox_relay_in_flight_events"), Some(0));
+    assert!(value(&text, "outbox_relay_last_status_update_unix_seconds").unwrap() > 0);
+}
