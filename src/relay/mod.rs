@@ -90,7 +90,7 @@ impl RelayError {
             RelayError::StreamEnded
             | RelayError::Silent { .. }
             | RelayError::SinkStalled { .. } => true,
-            RelayError::Sink(SinkError::KafkaFatal(_)) => true,
+            RelayError::Sink(SinkError::KafkaFatal(_) | SinkError::TopicUnavailable { .. }) => true,
             _ => false,
         }
     }

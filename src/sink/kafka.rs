@@ -183,11 +183,11 @@ impl KafkaSink {
                 self.admin.create_topics(&[new_topic], &options),
             )
             .await
-            .map_err(|_| SinkError::Topic {
+            .map_err(|_| SinkError::TopicUnavailable {
                 topic: topic.to_owned(),
                 reason: "creating it timed out; is the broker reachable?".into(),
             })?
-            .map_err(|e| SinkError::Topic {
+            .map_err(|e| SinkError::TopicUnavailable {
                 topic: topic.to_owned(),
                 reason: format!("creating it failed: {e}"),
             })?;
@@ -211,7 +211,7 @@ impl KafkaSink {
             let metadata = tokio::task::block_in_place(|| {
                 producer.fetch_metadata(Some(&topic_owned), ADMIN_TIMEOUT)
             })
-            .map_err(|e| SinkError::Topic {
+            .map_err(|e| SinkError::TopicUnavailable {
                 topic: topic.to_owned(),
                 reason: format!("cannot read its metadata: {e}"),
             })?;

@@ -72,6 +72,10 @@ pub enum SinkError {
     KafkaFatal(String),
     #[error("topic {topic:?}: {reason}")]
     Topic { topic: String, reason: String },
+    /// The topic could not be checked or created because the brokers did not answer:
+    /// retry later, the event is not at fault.
+    #[error("topic {topic:?}: {reason}")]
+    TopicUnavailable { topic: String, reason: String },
 }
 
 /// Where events go.
