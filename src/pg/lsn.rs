@@ -4,6 +4,13 @@ use std::fmt;
 use std::str::FromStr;
 
 /// A position in the write-ahead log, printed the way PostgreSQL prints it (`16/B374D848`).
+///
+/// ```
+/// use outbox_relay::pg::Lsn;
+/// let lsn: Lsn = "16/B374D848".parse().unwrap();
+/// assert_eq!(lsn, Lsn(0x16_B374_D848));
+/// assert_eq!(lsn.to_string(), "16/B374D848");
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Lsn(pub u64);
 
