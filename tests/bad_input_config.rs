@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use support::outbox::{cluster_with_app_db, cluster_with_outbox, stdout_config, SLOT, WAIT};
+use support::outbox::{cluster_with_app_db, cluster_with_outbox, plain, stdout_config, SLOT, WAIT};
 use support::relay::RELAY_BIN;
 use support::{run_relay_to_exit, wait_for, PgCluster, PgOptions, RelayProcess};
 
@@ -30,24 +30,6 @@ const EXIT_FAILURE: i32 = 1;
 const CONFIG_EXIT: Duration = Duration::from_secs(20);
 /// The message the pipeline logs before each retry.
 const RETRY_WARNING: &str = "relay interrupted";
-
-/// The relay's stderr without ANSI colour codes (tracing colours field names).
-fn plain(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            for end in chars.by_ref() {
-                if end.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
 
 /// Panics unless `text` contains every needle, quoting the text.
 #[track_caller]

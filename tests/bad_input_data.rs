@@ -11,8 +11,8 @@ use std::time::Duration;
 use serde_json::Value;
 use support::kafka::{consume, Record, TansuBroker};
 use support::outbox::{
-    cluster_with_app_db, cluster_with_outbox, kafka_config, start_streaming, stdout_config, SLOT,
-    WAIT,
+    cluster_with_app_db, cluster_with_outbox, kafka_config, plain, start_streaming, stdout_config,
+    SLOT, WAIT,
 };
 use support::{wait_until, PgCluster, PgOptions, RelayProcess};
 
@@ -23,24 +23,6 @@ const DEAD_LETTER: &str = "outbox.dead-letter";
 const EXIT_FAILURE: i32 = 1;
 /// A payload well over librdkafka's default `message.max.bytes` (1,000,000).
 const BIG_PAYLOAD_BYTES: usize = 5 * 1024 * 1024;
-
-/// The relay's stderr without ANSI colour codes (tracing colours field names).
-fn plain(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            for end in chars.by_ref() {
-                if end.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
 
 fn json(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes)

@@ -7,20 +7,11 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
+use support::outbox::{cluster_with_outbox, SLOT, WAIT};
 use support::{PgCluster, PgOptions, RelayProcess};
 
-const SLOT: &str = "outbox_relay";
-const WAIT: Duration = Duration::from_secs(60);
-const OUTBOX_SQL: &str = include_str!("../sql/outbox.sql");
-
-/// A cluster with database `app` holding the default outbox table.
-fn cluster_with_outbox(opts: PgOptions) -> PgCluster {
-    let pg = PgCluster::start_with(opts);
-    pg.batch_execute("CREATE DATABASE app");
-    pg.client_db("app").batch_execute(OUTBOX_SQL).unwrap();
-    pg
-}
-
+/// The relay's config with defaults everywhere else (status interval included: the
+/// idle test relies on the default cadence).
 fn config(url: &str) -> String {
     format!(
         "[postgres]\nurl = \"{url}\"\nslot = \"{SLOT}\"\npublication = \"outbox_relay\"\n\
