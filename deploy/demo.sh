@@ -32,7 +32,11 @@ fi
 RELAY_PID=""; PG_PID=""
 cleanup() {
     [ -n "$RELAY_PID" ] && kill "$RELAY_PID" 2>/dev/null && wait "$RELAY_PID" 2>/dev/null || true
-    [ -n "$PG_PID" ] && kill -INT "$PG_PID" 2>/dev/null && wait "$PG_PID" 2>/dev/null || true
+    # Signal the postmaster itself (runuser does not pass signals on): fast shutdown.
+    if [ -f "$WORK/data/postmaster.pid" ]; then
+        kill -INT "$(head -n 1 "$WORK/data/postmaster.pid")" 2>/dev/null || true
+    fi
+    [ -n "$PG_PID" ] && wait "$PG_PID" 2>/dev/null || true
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -48,7 +52,9 @@ for _ in $(seq 100); do psql_ -c 'select 1' postgres >/dev/null 2>&1 && break; s
 
 psql_ postgres -c "CREATE DATABASE app"
 psql_ app -f sql/outbox.sql
-psql_ app -c "CREATE ROLE relay LOGIN REPLICATION PASSWORD 'relay'; ALTER TABLE public.outbox OWNER TO relay;"
+# The relay's role: REPLICATION to stream the WAL; owning the table and CREATE on the
+# database let it create its publication itself (see sql/roles.sql).
+psql_ app -c "CREATE ROLE relay LOGIN REPLICATION PASSWORD 'relay'; ALTER TABLE public.outbox OWNER TO relay; GRANT CREATE ON DATABASE app TO relay;"
 
 cat >"$WORK/relay.toml" <<TOML
 [postgres]
@@ -65,8 +71,13 @@ echo "demo: relay config:" >&2; sed 's/^/    /' "$WORK/relay.toml" >&2
 "$RELAY" run --config "$WORK/relay.toml" &
 RELAY_PID=$!
 # Wait until the relay's slot exists, so the first sample events are not before it.
-for _ in $(seq 100); do
+for _ in $(seq 300); do
     [ "$(psql_ app -tAc "select count(*) from pg_replication_slots where slot_name = 'outbox_relay'")" = 1 ] && break
+    if ! kill -0 "$RELAY_PID" 2>/dev/null; then
+        echo "demo: the relay exited; see its error above" >&2
+        RELAY_PID=""
+        exit 1
+    fi
     sleep 0.1
 done
 
@@ -83,4 +94,6 @@ while [ "$SECONDS_TO_RUN" = 0 ] || [ "$i" -lt "$SECONDS_TO_RUN" ]; do
     sleep 1
 done
 echo "demo: stopping the relay gracefully" >&2
-kill -TERM "$RELAY_PID"; wait "$RELAY_PID" || true; RELAY_PID=""
+kill -TERM "$RELAY_PID" 2>/dev/null || true
+wait "$RELAY_PID" || true
+RELAY_PID=""

@@ -1,7 +1,8 @@
 -- Roles for a production setup (run as a superuser; change the passwords).
 --
 -- The relay's role: LOGIN + REPLICATION to stream the WAL. To let the relay create its
--- publication itself it must own the outbox table; otherwise create the publication
+-- publication itself it must own the outbox table and have CREATE on the database
+-- (GRANT CREATE ON DATABASE app TO outbox_relay); otherwise create the publication
 -- once as the owner:
 --   CREATE PUBLICATION outbox_relay FOR TABLE public.outbox WITH (publish = 'insert');
 CREATE ROLE outbox_relay LOGIN REPLICATION PASSWORD 'change-me';
