@@ -333,3 +333,71 @@ fn a_dropped_outbox_table_stops_at_start_with_the_fix() {
     );
     assert!(stderr.contains("sql/outbox.sql"), "{stderr}");
 }
+
+#[test]
+fn a_cut_or_blackholed_postgres_link_is_detected_and_reconnected() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let proxy =
+        support::proxy::FaultProxy::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap());
+    let direct = format!("127.0.0.1:{}/app", pg.port());
+    let through_proxy = format!("127.0.0.1:{}/app?connect_timeout=2", proxy.port());
+    let config = stdout_config(&pg).replace(&direct, &through_proxy).replace(
+        "status_interval_ms = 200\n",
+        "status_interval_ms = 200\nreceive_timeout_ms = 2000\n",
+    );
+    let relay = start_streaming(&config);
+    let mut want = insert(&pg, "link", 0..5);
+    wait_for_ids(&relay, &want);
+
+    proxy.cut();
+    want.extend(insert(&pg, "link", 5..10));
+    wait_for_ids(&relay, &want);
+
+    // A blackholed link says nothing: only the relay's own liveness check notices.
+    proxy.blackhole(true);
+    relay.wait_for_stderr("nothing received from PostgreSQL", WAIT);
+    want.extend(insert(&pg, "link", 10..15));
+    proxy.blackhole(false);
+    wait_for_ids(&relay, &want);
+    let current = pg.current_wal_lsn();
+    support::wait_until("acknowledged after the link came back", WAIT, || {
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= current
+    });
+}
+
+#[test]
+fn a_broker_restart_that_keeps_its_data_loses_nothing() {
+    let mut broker = TansuBroker::start_sqlite();
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&kafka_config(&pg, &broker.bootstrap(), "", None, &[]));
+    let mut want = insert(&pg, "restart", 0..10);
+    consume(
+        &broker.bootstrap(),
+        &["outbox.event.restart"],
+        10,
+        Duration::ZERO,
+        WAIT,
+    );
+    broker.kill9();
+    want.extend(insert(&pg, "restart", 10..20));
+    broker.restart();
+    let records = consume(
+        &broker.bootstrap(),
+        &["outbox.event.restart"],
+        20,
+        Duration::from_secs(3),
+        WAIT,
+    );
+    let seen: HashSet<String> = records.iter().filter_map(|r| r.header("id")).collect();
+    for id in &want {
+        assert!(
+            seen.contains(id),
+            "event {id} lost across the broker restart"
+        );
+    }
+    assert_eq!(relay.exit_status(), None);
+    let current = pg.current_wal_lsn();
+    support::wait_until("acknowledged after the broker came back", WAIT, || {
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= current
+    });
+}

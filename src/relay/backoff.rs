@@ -6,8 +6,8 @@ use std::time::Duration;
 /// First retry delay.
 pub const INITIAL_DELAY: Duration = Duration::from_millis(250);
 /// Longest delay between retries: a relay should come back within seconds once the
-/// fault is gone.
-pub const MAX_DELAY: Duration = Duration::from_secs(15);
+/// fault is gone, and one relay retrying every few seconds costs the server nothing.
+pub const MAX_DELAY: Duration = Duration::from_secs(5);
 
 /// Delay sequence: doubles from [`INITIAL_DELAY`] up to [`MAX_DELAY`], each delay drawn
 /// uniformly from its upper half ("equal jitter") so restarting relays spread out.

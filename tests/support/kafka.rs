@@ -81,6 +81,8 @@ pub struct TansuBroker {
     /// `None` only transiently inside `restart`.
     process: Option<ChildProcess>,
     port: u16,
+    /// Port advertised to clients instead of `port` (a proxy in front of the broker).
+    advertised_port: Option<u16>,
     storage: Storage,
     binary: PathBuf,
     /// Output of earlier incarnations (before `restart`), for `log_tail`.
@@ -92,16 +94,29 @@ pub struct TansuBroker {
 impl TansuBroker {
     /// A broker with in-memory storage: fast, lost on exit.
     pub fn start() -> Self {
-        Self::start_with(Storage::Memory)
+        Self::start_with(Storage::Memory, None, &mut |_| {})
     }
 
     /// A broker with `sqlite://broker.db` storage in its temp dir: survives `kill9()` +
     /// `restart()`. Slow past ~20k records; use it for small restart tests only.
     pub fn start_sqlite() -> Self {
-        Self::start_with(Storage::Sqlite)
+        Self::start_with(Storage::Sqlite, None, &mut |_| {})
     }
 
-    fn start_with(storage: Storage) -> Self {
+    /// A memory-storage broker listening on its own free port but advertising
+    /// `127.0.0.1:advertised_port`, so clients connect there after bootstrap (a fault
+    /// proxy in front of the broker: see `TansuBroker::start_behind_proxy`).
+    /// `on_listen_port` gets the port the broker is about to listen on, before each
+    /// spawn attempt (the readiness check may already go through the advertised port).
+    pub fn start_advertising(advertised_port: u16, mut on_listen_port: impl FnMut(u16)) -> Self {
+        Self::start_with(Storage::Memory, Some(advertised_port), &mut on_listen_port)
+    }
+
+    fn start_with(
+        storage: Storage,
+        advertised_port: Option<u16>,
+        on_listen_port: &mut dyn FnMut(u16),
+    ) -> Self {
         let binary = tansu_binary();
         let dir = tempfile::Builder::new()
             .prefix("outbox-relay-tansu-")
@@ -110,6 +125,7 @@ impl TansuBroker {
         let mut broker = TansuBroker {
             process: None,
             port: 0,
+            advertised_port,
             storage,
             binary,
             earlier_log: String::new(),
@@ -117,6 +133,7 @@ impl TansuBroker {
         };
         for attempt in 1..=PORT_ATTEMPTS {
             broker.port = free_port();
+            on_listen_port(broker.port);
             broker.spawn();
             match broker.wait_ready() {
                 Ok(()) => return broker,
@@ -214,11 +231,15 @@ impl TansuBroker {
 
     fn spawn(&mut self) {
         let listener = format!("tcp://127.0.0.1:{}", self.port);
+        let advertised = format!(
+            "tcp://127.0.0.1:{}",
+            self.advertised_port.unwrap_or(self.port)
+        );
         let mut command = Command::new(&self.binary);
         command
             .arg("broker")
             .args(["--listener-url", &listener])
-            .args(["--advertised-listener-url", &listener])
+            .args(["--advertised-listener-url", &advertised])
             .args(["--storage-engine", self.storage.url()])
             .current_dir(self.dir.path())
             .env("RUST_LOG", broker_log_filter());

@@ -15,6 +15,7 @@ pub mod kafka;
 pub mod outbox;
 pub mod pg;
 pub mod process;
+pub mod proxy;
 pub mod relay;
 pub mod wait;
 

@@ -241,9 +241,10 @@ impl PgCluster {
         self.server.is_some()
     }
 
-    /// Fast shutdown (SIGTERM): disconnects clients, checkpoints, exits. Waits for exit.
+    /// Fast shutdown (SIGINT): disconnects clients, checkpoints, exits. Waits for exit.
+    /// (SIGTERM would be a *smart* shutdown, which waits for every session to end.)
     pub fn stop_fast(&mut self) -> ExitStatus {
-        self.stop(Signal::SIGTERM, STOP_FAST_TIMEOUT)
+        self.stop(Signal::SIGINT, STOP_FAST_TIMEOUT)
     }
 
     /// Immediate shutdown (SIGQUIT): no checkpoint, crash recovery at next start. Waits
