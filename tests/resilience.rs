@@ -401,3 +401,39 @@ fn a_broker_restart_that_keeps_its_data_loses_nothing() {
         pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= current
     });
 }
+
+#[test]
+fn a_timeline_change_stops_with_what_to_check() {
+    let mut pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&stdout_config(&pg));
+    let want = insert(&pg, "timeline", 0..3);
+    wait_for_ids(&relay, &want);
+    // Restart the cluster as a standby of nothing, then promote it: same data, same
+    // slot, timeline 2 — what a failover or a restore looks like to the relay.
+    pg.stop_fast();
+    let signal = pg.data_dir().join("standby.signal");
+    std::fs::write(&signal, "").unwrap();
+    if nix::unistd::Uid::effective().is_root() {
+        let owner = nix::unistd::User::from_name("postgres").unwrap().unwrap();
+        std::os::unix::fs::chown(&signal, Some(owner.uid.as_raw()), Some(owner.gid.as_raw()))
+            .unwrap();
+    }
+    pg.start_again();
+    relay.wait_for_stderr("while in recovery", WAIT);
+    assert_eq!(
+        relay.exit_status(),
+        None,
+        "a server in recovery is waited for"
+    );
+    let promoted: bool = pg
+        .client()
+        .query_one("SELECT pg_promote()", &[])
+        .unwrap()
+        .get(0);
+    assert!(promoted);
+    let status = relay.wait_exit(WAIT);
+    assert!(!status.success());
+    let stderr = relay.stderr();
+    assert!(stderr.contains("timeline changed from 1 to 2"), "{stderr}");
+    assert!(stderr.contains("promoted or restored"), "{stderr}");
+}

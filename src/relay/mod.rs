@@ -84,7 +84,12 @@ impl RelayError {
                 | PgError::ConnectTimeout { .. }
                 | PgError::Io(_)
                 | PgError::Closed { .. } => true,
-                PgError::Db(db) => RETRYABLE_SQLSTATES.contains(&db.code.as_str()),
+                PgError::Db(db) => {
+                    RETRYABLE_SQLSTATES.contains(&db.code.as_str())
+                        // A server in recovery (a standby, or a primary restarting from
+                        // a backup) may be promoted: wait for it.
+                        || db.message.contains("while in recovery")
+                }
                 _ => false,
             },
             RelayError::StreamEnded
