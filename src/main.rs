@@ -8,7 +8,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use outbox_relay::config::Config;
-use outbox_relay::relay::pipeline;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -69,7 +68,7 @@ fn main() -> ExitCode {
                 Ok(runtime) => runtime,
                 Err(e) => return fail(&e),
             };
-            match runtime.block_on(pipeline::run(settings, shutdown_signal())) {
+            match runtime.block_on(outbox_relay::relay::run(settings, shutdown_signal())) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&e),
             }

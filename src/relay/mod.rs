@@ -6,7 +6,10 @@ pub mod backoff;
 pub mod deadletter;
 pub mod pipeline;
 pub mod router;
+pub mod run;
 pub mod txn;
+
+pub use run::run;
 
 use crate::config::ConfigError;
 use crate::pg::conn::PgError;

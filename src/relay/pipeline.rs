@@ -11,27 +11,23 @@
 //!
 //! Every state transition lives in the pure parts (`txn`, `router`, `ack`,
 //! `deadletter`); this loop only moves values between them. Retryable failures end the
-//! attempt; [`run`] starts a new one from the slot's acknowledged position, so anything
-//! in flight is sent again (at-least-once) and nothing is skipped.
+//! attempt; [`crate::relay::run`] starts a new one from the slot's acknowledged
+//! position, so anything in flight is sent again (at-least-once) and nothing is skipped.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::config::{SinkKind, Validated};
 use crate::metrics::Metrics;
-use crate::pg::conn::{CopyEvent, PgConnection, PgError, SessionKind};
+use crate::pg::conn::{CopyEvent, PgConnection};
 use crate::pg::pgoutput::{self, PgTimestamp, StreamState};
 use crate::pg::replication::{ReplicationFrame, StandbyStatusUpdate};
-use crate::pg::slot::{self, SetupError, SourceSpec};
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
-use crate::relay::backoff::Backoff;
 use crate::relay::deadletter::DeadLetter;
-use crate::relay::router::{OutboxEvent, Router};
+use crate::relay::router::OutboxEvent;
 use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
 use crate::relay::RelayError;
 use crate::sink::kafka::KafkaSink;
@@ -43,11 +39,11 @@ const STATUS_FRACTION_OF_TIMEOUT: u32 = 3;
 /// Floor of the status interval, so a tiny `wal_sender_timeout` cannot make us spin.
 const MIN_STATUS_INTERVAL: Duration = Duration::from_millis(100);
 /// How long closing the connection politely may take at shutdown.
-const CLOSE_WAIT: Duration = Duration::from_secs(2);
+pub(super) const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// Silence allowed when the server has no `wal_sender_timeout` to go by.
 const DEFAULT_RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// An attempt that ran this long resets the backoff: the fault was not persistent.
-const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
+pub(super) const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 
 /// The status update interval: the configured bound, kept under a third of the
 /// server's `wal_sender_timeout` (0 = disabled on the server).
@@ -74,78 +70,8 @@ pub fn receive_timeout(
     configured.unwrap_or(derived).max(interval * 3)
 }
 
-/// Run the relay until `shutdown` resolves (graceful: `Ok`) or a definite error.
-/// Retryable errors restart the pipeline with capped, jittered backoff.
-pub async fn run(
-    settings: Validated,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), RelayError> {
-    let (stop_tx, stop) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
-    let metrics = Metrics::new();
-    let _metrics_server = match &settings.config.metrics {
-        Some(config) => {
-            let listener = tokio::net::TcpListener::bind(&config.listen)
-                .await
-                .map_err(|e| {
-                    RelayError::Metrics(format!("cannot listen on {}: {e}", config.listen))
-                })?;
-            tracing::info!(listen = %config.listen, "serving Prometheus metrics on /metrics");
-            Some(AbortOnDrop(tokio::spawn(crate::metrics::serve(
-                listener,
-                Arc::clone(&metrics),
-            ))))
-        }
-        None => None,
-    };
-    let mut backoff = Backoff::from_clock();
-    let mut timeline = None;
-    loop {
-        let started = Instant::now();
-        let error = match run_attempt(&settings, stop.clone(), &mut timeline, &metrics).await {
-            Ok(()) => return Ok(()),
-            Err(error) if error.is_retryable() => error,
-            Err(error) => return Err(error),
-        };
-        Metrics::add(&metrics.restarts, 1);
-        if started.elapsed() > BACKOFF_RESET_AFTER {
-            backoff.reset();
-        }
-        let delay = backoff.next_delay();
-        let retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-        if error.slot_in_use() {
-            // A standby relay: another instance streams from the slot; take over when
-            // it goes away.
-            tracing::info!(error = %error, retry_in_ms, "replication slot is in use by another process; waiting");
-        } else {
-            tracing::warn!(
-                error = %error,
-                retry_in_ms,
-                "relay interrupted; retrying (streaming resumes from the slot's acknowledged position)"
-            );
-        }
-        let mut stop = stop.clone();
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            () = stopped(&mut stop) => return Ok(()),
-        }
-    }
-}
-
-/// Aborts a background task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Resolves once shutdown was requested.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
+pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
     if stop.wait_for(|requested| *requested).await.is_err() {
         // The shutdown sender is gone without a request: never resolve.
         std::future::pending::<()>().await;
@@ -154,7 +80,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 /// The sinks this build knows. An enum rather than a trait object because creating a
 /// topic is async and only Kafka has topics.
-enum AnySink {
+pub(super) enum AnySink {
     Stdout(StdoutSink<std::io::Stdout>),
     Kafka(Box<KafkaSink>),
 }
@@ -167,7 +93,7 @@ impl AnySink {
         }
     }
 
-    async fn ensure_topic(&mut self, topic: &str) -> Result<(), SinkError> {
+    pub(super) async fn ensure_topic(&mut self, topic: &str) -> Result<(), SinkError> {
         match self {
             AnySink::Stdout(_) => Ok(()),
             AnySink::Kafka(sink) => sink.ensure_topic(topic).await,
@@ -177,167 +103,38 @@ impl AnySink {
 
 /// Counters for progress logs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Progress {
-    events: u64,
-    dead_lettered: u64,
-    transactions: u64,
-    flush_lsn: Lsn,
+pub(super) struct Progress {
+    pub(super) events: u64,
+    pub(super) dead_lettered: u64,
+    pub(super) transactions: u64,
+    pub(super) flush_lsn: Lsn,
 }
 
-struct Pipeline {
-    conn: PgConnection,
-    sink: AnySink,
-    notices: mpsc::UnboundedReceiver<SinkNotice>,
-    tracker: AckTracker,
-    assembler: TxnAssembler,
-    max_in_flight: u64,
-    dead_letter_topic: Option<String>,
+pub(super) struct Pipeline {
+    pub(super) conn: PgConnection,
+    pub(super) sink: AnySink,
+    pub(super) notices: mpsc::UnboundedReceiver<SinkNotice>,
+    pub(super) tracker: AckTracker,
+    pub(super) assembler: TxnAssembler,
+    pub(super) max_in_flight: u64,
+    pub(super) dead_letter_topic: Option<String>,
     /// The outbox table, for dead-letter headers.
-    source_table: String,
+    pub(super) source_table: String,
     /// Events the producer queue had no room for, in order; input pauses meanwhile.
-    stalled: VecDeque<(OutboxEvent, TxnSeq)>,
-    progress: Progress,
-    logged: Progress,
+    pub(super) stalled: VecDeque<(OutboxEvent, TxnSeq)>,
+    pub(super) progress: Progress,
+    pub(super) logged: Progress,
     /// When the last message arrived from PostgreSQL (while reading).
-    last_received: Instant,
+    pub(super) last_received: Instant,
     /// When a delivery was last confirmed, or nothing was in flight.
-    last_progress: Instant,
-    receive_timeout: Duration,
-    stall_release: Duration,
-    metrics: Arc<Metrics>,
-}
-
-/// One attempt: connect, prepare, stream until shutdown (`Ok`) or an error.
-async fn run_attempt(
-    settings: &Validated,
-    mut stop: watch::Receiver<bool>,
-    timeline: &mut Option<u32>,
-    metrics: &Arc<Metrics>,
-) -> Result<(), RelayError> {
-    let config = &settings.config;
-    let spec = SourceSpec {
-        slot: config.postgres.slot.clone(),
-        publication: config.postgres.publication.clone(),
-        table: settings.table.clone(),
-    };
-    let router = Router::try_new(&config.outbox).map_err(|problems| {
-        RelayError::Config(crate::config::ConfigError::Invalid {
-            path: "[outbox]".into(),
-            problems,
-        })
-    })?;
-    let user = settings.connect.user.as_str();
-    let explain = |error: PgError| RelayError::from(slot::explain_server_error(error, &spec, user));
-    let mut conn = PgConnection::connect(&settings.connect, SessionKind::LogicalReplication)
-        .await
-        .map_err(explain)?;
-    let prepared = match slot::prepare(&mut conn, &spec).await {
-        Ok(prepared) => prepared,
-        Err(SetupError::Pg(error)) => return Err(explain(error)),
-        Err(other) => return Err(other.into()),
-    };
-    match *timeline {
-        Some(from) if from != prepared.timeline => {
-            return Err(RelayError::TimelineChanged {
-                from,
-                to: prepared.timeline,
-            })
-        }
-        _ => *timeline = Some(prepared.timeline),
-    }
-
-    let (notice_tx, notices) = mpsc::unbounded_channel();
-    let dead_letter_topic = config.dead_letter.as_ref().map(|d| d.topic.clone());
-    let mut sink = match config.sink.kind {
-        SinkKind::Stdout => AnySink::Stdout(StdoutSink::stdout(notice_tx)),
-        SinkKind::Kafka => {
-            let kafka = config.kafka.as_ref().ok_or_else(|| {
-                SinkError::KafkaSetup("[sink] type = \"kafka\" needs a [kafka] section".into())
-            })?;
-            AnySink::Kafka(Box::new(KafkaSink::new(
-                kafka,
-                notice_tx,
-                config.relay.max_in_flight,
-                dead_letter_topic.is_some(),
-            )?))
-        }
-    };
-    if let Some(topic) = &dead_letter_topic {
-        // Fail fast: a dead-letter topic that cannot take records is a setup error.
-        sink.ensure_topic(topic).await?;
-    }
-
-    tracing::info!(
-        server = %settings.connect.redacted(),
-        server_version = %prepared.server_version,
-        system_id = %prepared.system_id,
-        timeline = prepared.timeline,
-        slot = %spec.slot,
-        slot_created = prepared.slot_created,
-        publication = %spec.publication,
-        publication_created = prepared.publication_created,
-        table = %spec.table,
-        start_lsn = %prepared.slot_lsn,
-        "starting replication"
-    );
-    conn.start_copy_both(&slot::start_replication_command(&spec, Lsn::ZERO))
-        .await
-        .map_err(explain)?;
-
-    let interval = status_interval(
-        Duration::from_millis(config.postgres.status_interval_ms),
-        prepared.wal_sender_timeout,
-    );
-    let receive_timeout = receive_timeout(
-        config
-            .postgres
-            .receive_timeout_ms
-            .map(Duration::from_millis),
-        prepared.wal_sender_timeout,
-        interval,
-    );
-    let start = Progress {
-        flush_lsn: prepared.slot_lsn,
-        ..Progress::default()
-    };
-    let mut pipeline = Pipeline {
-        conn,
-        sink,
-        notices,
-        tracker: AckTracker::new(prepared.slot_lsn, 0),
-        assembler: TxnAssembler::new(router, settings.table.clone(), 0),
-        max_in_flight: u64::try_from(config.relay.max_in_flight).unwrap_or(u64::MAX),
-        dead_letter_topic,
-        source_table: settings.table.to_string(),
-        stalled: VecDeque::new(),
-        progress: start,
-        logged: start,
-        last_received: Instant::now(),
-        last_progress: Instant::now(),
-        receive_timeout,
-        stall_release: Duration::from_millis(config.relay.stall_release_ms),
-        metrics: Arc::clone(metrics),
-    };
-    pipeline
-        .stream(interval, &mut stop)
-        .await
-        .map_err(|error| match error {
-            RelayError::Pg(pg) => explain(pg),
-            other => other,
-        })?;
-    pipeline.drain(settings.shutdown_timeout()).await?;
-    tracing::info!(
-        events = pipeline.progress.events,
-        dead_lettered = pipeline.progress.dead_lettered,
-        flush_lsn = %pipeline.progress.flush_lsn,
-        "stopped"
-    );
-    pipeline.conn.close(CLOSE_WAIT).await;
-    Ok(())
+    pub(super) last_progress: Instant,
+    pub(super) receive_timeout: Duration,
+    pub(super) stall_release: Duration,
+    pub(super) metrics: Arc<Metrics>,
 }
 
 impl Pipeline {
-    async fn stream(
+    pub(super) async fn stream(
         &mut self,
         interval: Duration,
         stop: &mut watch::Receiver<bool>,
@@ -645,7 +442,7 @@ impl Pipeline {
 
     /// Graceful end: flush the sink, wait (bounded) for in-flight deliveries, and send
     /// a final status update with what is delivered.
-    async fn drain(&mut self, timeout: Duration) -> Result<(), RelayError> {
+    pub(super) async fn drain(&mut self, timeout: Duration) -> Result<(), RelayError> {
         self.sink.sink().flush()?;
         let deadline = tokio::time::Instant::now() + timeout;
         while self.tracker.in_flight() > 0 {

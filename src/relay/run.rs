@@ -1,0 +1,229 @@
+//! The supervisor: runs pipeline attempts until shutdown, restarting after retryable
+//! errors with capped, jittered backoff. An attempt connects, prepares the source
+//! (publication, slot, checks), builds the sink and hands them to the
+//! [`Pipeline`](super::pipeline) loop; a new attempt starts from the slot's acknowledged
+//! position, so nothing in flight is skipped.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+
+use crate::config::{SinkKind, Validated};
+use crate::metrics::Metrics;
+use crate::pg::conn::{PgConnection, PgError, SessionKind};
+use crate::pg::slot::{self, SetupError, SourceSpec};
+use crate::pg::Lsn;
+use crate::relay::ack::AckTracker;
+use crate::relay::backoff::Backoff;
+use crate::relay::pipeline::{
+    receive_timeout, status_interval, stopped, AnySink, Pipeline, Progress, BACKOFF_RESET_AFTER,
+    CLOSE_WAIT,
+};
+use crate::relay::router::Router;
+use crate::relay::txn::TxnAssembler;
+use crate::relay::RelayError;
+use crate::sink::kafka::KafkaSink;
+use crate::sink::stdout::StdoutSink;
+use crate::sink::SinkError;
+
+/// Run the relay until `shutdown` resolves (graceful: `Ok`) or a definite error.
+/// Retryable errors restart the pipeline with capped, jittered backoff.
+pub async fn run(
+    settings: Validated,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RelayError> {
+    let (stop_tx, stop) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let metrics = Metrics::new();
+    let _metrics_server = match &settings.config.metrics {
+        Some(config) => {
+            let listener = tokio::net::TcpListener::bind(&config.listen)
+                .await
+                .map_err(|e| {
+                    RelayError::Metrics(format!("cannot listen on {}: {e}", config.listen))
+                })?;
+            tracing::info!(listen = %config.listen, "serving Prometheus metrics on /metrics");
+            Some(AbortOnDrop(tokio::spawn(crate::metrics::serve(
+                listener,
+                Arc::clone(&metrics),
+            ))))
+        }
+        None => None,
+    };
+    let mut backoff = Backoff::from_clock();
+    let mut timeline = None;
+    loop {
+        let started = Instant::now();
+        let error = match run_attempt(&settings, stop.clone(), &mut timeline, &metrics).await {
+            Ok(()) => return Ok(()),
+            Err(error) if error.is_retryable() => error,
+            Err(error) => return Err(error),
+        };
+        Metrics::add(&metrics.restarts, 1);
+        if started.elapsed() > BACKOFF_RESET_AFTER {
+            backoff.reset();
+        }
+        let delay = backoff.next_delay();
+        let retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        if error.slot_in_use() {
+            // A standby relay: another instance streams from the slot; take over when
+            // it goes away.
+            tracing::info!(error = %error, retry_in_ms, "replication slot is in use by another process; waiting");
+        } else {
+            tracing::warn!(
+                error = %error,
+                retry_in_ms,
+                "relay interrupted; retrying (streaming resumes from the slot's acknowledged position)"
+            );
+        }
+        let mut stop = stop.clone();
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = stopped(&mut stop) => return Ok(()),
+        }
+    }
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One attempt: connect, prepare, stream until shutdown (`Ok`) or an error.
+async fn run_attempt(
+    settings: &Validated,
+    mut stop: watch::Receiver<bool>,
+    timeline: &mut Option<u32>,
+    metrics: &Arc<Metrics>,
+) -> Result<(), RelayError> {
+    let config = &settings.config;
+    let spec = SourceSpec {
+        slot: config.postgres.slot.clone(),
+        publication: config.postgres.publication.clone(),
+        table: settings.table.clone(),
+    };
+    let router = Router::try_new(&config.outbox).map_err(|problems| {
+        RelayError::Config(crate::config::ConfigError::Invalid {
+            path: "[outbox]".into(),
+            problems,
+        })
+    })?;
+    let user = settings.connect.user.as_str();
+    let explain = |error: PgError| RelayError::from(slot::explain_server_error(error, &spec, user));
+    let mut conn = PgConnection::connect(&settings.connect, SessionKind::LogicalReplication)
+        .await
+        .map_err(explain)?;
+    let prepared = match slot::prepare(&mut conn, &spec).await {
+        Ok(prepared) => prepared,
+        Err(SetupError::Pg(error)) => return Err(explain(error)),
+        Err(other) => return Err(other.into()),
+    };
+    match *timeline {
+        Some(from) if from != prepared.timeline => {
+            return Err(RelayError::TimelineChanged {
+                from,
+                to: prepared.timeline,
+            })
+        }
+        _ => *timeline = Some(prepared.timeline),
+    }
+
+    let (notice_tx, notices) = mpsc::unbounded_channel();
+    let dead_letter_topic = config.dead_letter.as_ref().map(|d| d.topic.clone());
+    let mut sink = match config.sink.kind {
+        SinkKind::Stdout => AnySink::Stdout(StdoutSink::stdout(notice_tx)),
+        SinkKind::Kafka => {
+            let kafka = config.kafka.as_ref().ok_or_else(|| {
+                SinkError::KafkaSetup("[sink] type = \"kafka\" needs a [kafka] section".into())
+            })?;
+            AnySink::Kafka(Box::new(KafkaSink::new(
+                kafka,
+                notice_tx,
+                config.relay.max_in_flight,
+                dead_letter_topic.is_some(),
+            )?))
+        }
+    };
+    if let Some(topic) = &dead_letter_topic {
+        // Fail fast: a dead-letter topic that cannot take records is a setup error.
+        sink.ensure_topic(topic).await?;
+    }
+
+    tracing::info!(
+        server = %settings.connect.redacted(),
+        server_version = %prepared.server_version,
+        system_id = %prepared.system_id,
+        timeline = prepared.timeline,
+        slot = %spec.slot,
+        slot_created = prepared.slot_created,
+        publication = %spec.publication,
+        publication_created = prepared.publication_created,
+        table = %spec.table,
+        start_lsn = %prepared.slot_lsn,
+        "starting replication"
+    );
+    conn.start_copy_both(&slot::start_replication_command(&spec, Lsn::ZERO))
+        .await
+        .map_err(explain)?;
+
+    let interval = status_interval(
+        Duration::from_millis(config.postgres.status_interval_ms),
+        prepared.wal_sender_timeout,
+    );
+    let receive_timeout = receive_timeout(
+        config
+            .postgres
+            .receive_timeout_ms
+            .map(Duration::from_millis),
+        prepared.wal_sender_timeout,
+        interval,
+    );
+    let start = Progress {
+        flush_lsn: prepared.slot_lsn,
+        ..Progress::default()
+    };
+    let mut pipeline = Pipeline {
+        conn,
+        sink,
+        notices,
+        tracker: AckTracker::new(prepared.slot_lsn, 0),
+        assembler: TxnAssembler::new(router, settings.table.clone(), 0),
+        max_in_flight: u64::try_from(config.relay.max_in_flight).unwrap_or(u64::MAX),
+        dead_letter_topic,
+        source_table: settings.table.to_string(),
+        stalled: VecDeque::new(),
+        progress: start,
+        logged: start,
+        last_received: Instant::now(),
+        last_progress: Instant::now(),
+        receive_timeout,
+        stall_release: Duration::from_millis(config.relay.stall_release_ms),
+        metrics: Arc::clone(metrics),
+    };
+    pipeline
+        .stream(interval, &mut stop)
+        .await
+        .map_err(|error| match error {
+            RelayError::Pg(pg) => explain(pg),
+            other => other,
+        })?;
+    pipeline.drain(settings.shutdown_timeout()).await?;
+    tracing::info!(
+        events = pipeline.progress.events,
+        dead_lettered = pipeline.progress.dead_lettered,
+        flush_lsn = %pipeline.progress.flush_lsn,
+        "stopped"
+    );
+    pipeline.conn.close(CLOSE_WAIT).await;
+    Ok(())
+}
