@@ -11,6 +11,7 @@
 //! Each `tests/*.rs` does `mod support;` and uses a subset, hence the `allow`s.
 #![allow(dead_code, unused_imports)]
 
+pub mod chaos;
 pub mod kafka;
 pub mod outbox;
 pub mod pg;
