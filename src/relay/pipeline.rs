@@ -150,7 +150,11 @@ impl Pipeline {
                     return Ok(());
                 }
                 Some(notice) = self.notices.recv() => {
-                    self.last_progress = Instant::now();
+                    // Only an outcome for an event is progress; client errors (a broker
+                    // refusing connections) are not.
+                    if matches!(notice, SinkNotice::Delivered { .. } | SinkNotice::Failed { .. }) {
+                        self.last_progress = Instant::now();
+                    }
                     self.on_notice(notice)?;
                     self.retry_stalled()?;
                 }
