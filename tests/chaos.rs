@@ -55,10 +55,10 @@ const CONSUME_IDLE: Duration = Duration::from_secs(5);
 fn chaos_committed_events_survive_faults_in_commit_order() {
     let size = run_size();
     let seed = chaos_seed();
-    println!(
+    support::outbox::report(&format!(
         "chaos: seed {seed} ({} run: {} events, {} faults over {:?}; replay with CHAOS_SEED={seed})",
         size.label, size.events, size.faults, size.window
-    );
+    ));
     let started = Instant::now();
     let mut rng = Rng::new(seed);
     let plan = schedule(&mut rng, size.faults, size.window);
@@ -186,10 +186,10 @@ fn chaos_committed_events_survive_faults_in_commit_order() {
     let verdict = verify(&records, &logs);
     let elapsed = started.elapsed();
 
-    println!(
+    support::outbox::report(&format!(
         "chaos: {committed} events, {faults} faults, {} lost, {} duplicates",
         verdict.lost, verdict.duplicates
-    );
+    ));
     let sum = |f: fn(&WriterLog) -> usize| logs.iter().map(f).sum::<usize>();
     eprintln!(
         "chaos: seed {seed}; {} records read; {} transactions committed, {} rolled back, {} \

@@ -151,11 +151,11 @@ fn kill_9_twice_mid_stream_loses_nothing_and_keeps_partition_order() {
         Duration::from_secs(180),
     );
     let duplicates = verify_at_least_once_in_order(&records, &order);
-    println!(
+    support::outbox::report(&format!(
         "kill -9 twice: {} events, {} records, {duplicates} duplicates",
         order.len(),
         records.len()
-    );
+    ));
     drop(relay);
 }
 
@@ -235,11 +235,11 @@ fn a_million_row_transaction_is_relayed_with_bounded_memory() {
     );
     let elapsed = started.elapsed();
     let peak_kib = peak_rss_kib(relay.pid()).expect("relay still running");
-    println!(
+    support::outbox::report(&format!(
         "1,000,000-row transaction: relayed and acknowledged in {:.1} s; relay peak RSS {} MiB",
         elapsed.as_secs_f64(),
         peak_kib / 1024
-    );
+    ));
     // Bounded by max_in_flight (backpressure), not by the transaction: a relay that
     // buffered the transaction would hold well over a gigabyte here.
     assert!(

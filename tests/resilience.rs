@@ -217,7 +217,9 @@ fn relay_stuck_behind_a_dead_broker_does_not_hang_postgres_shutdown(death: Broke
     let started = Instant::now();
     pg.stop_fast();
     let took = started.elapsed();
-    println!("PostgreSQL fast shutdown with the relay behind a {death:?} broker took {took:?}");
+    support::outbox::report(&format!(
+        "PostgreSQL fast shutdown with the relay behind a {death:?} broker took {took:?}"
+    ));
     assert!(took < Duration::from_secs(30), "shutdown took {took:?}");
     pg.start_again();
     match death {

@@ -104,3 +104,11 @@ pub fn plain(text: &str) -> String {
     }
     out
 }
+
+/// Print a result line that must show in the test run's output even when the test
+/// passes (libtest captures `println!`, not writes to the stderr handle itself): seeds,
+/// summaries, measured figures.
+pub fn report(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
