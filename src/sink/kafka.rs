@@ -192,17 +192,8 @@ impl KafkaSink {
                 reason: format!("creating it failed: {e}"),
             })?;
             for result in results {
-                match result {
-                    Ok(_) => tracing::info!(%topic, "created topic"),
-                    Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                    Err((_, code)) => {
-                        return Err(SinkError::Topic {
-                            topic: topic.to_owned(),
-                            reason: format!(
-                                "the broker refused to create it: {code}; create it yourself or fix [kafka] topic_partitions / topic_replication_factor"
-                            ),
-                        })
-                    }
+                if creation_outcome(topic, result.map_err(|(_, code)| code))? {
+                    tracing::info!(%topic, "created topic");
                 }
             }
         } else {
@@ -236,6 +227,24 @@ impl KafkaSink {
             .client()
             .fatal_error()
             .map(|(code, reason)| format!("{code}: {reason}"))
+    }
+}
+
+/// What a CreateTopics answer means: `Ok(true)` created, `Ok(false)` already there, or
+/// the refusal, naming the topic and what to change.
+fn creation_outcome(
+    topic: &str,
+    result: Result<String, RDKafkaErrorCode>,
+) -> Result<bool, SinkError> {
+    match result {
+        Ok(_) => Ok(true),
+        Err(RDKafkaErrorCode::TopicAlreadyExists) => Ok(false),
+        Err(code) => Err(SinkError::Topic {
+            topic: topic.to_owned(),
+            reason: format!(
+                "the broker refused to create it: {code}; create it yourself or fix [kafka] topic_partitions / topic_replication_factor"
+            ),
+        }),
     }
 }
 
@@ -338,6 +347,21 @@ mod tests {
         }
         assert!(illegal_topic_name(&"x".repeat(250)).is_some());
         assert!(illegal_topic_name(&"x".repeat(249)).is_none());
+    }
+
+    #[test]
+    fn a_refused_creation_names_the_topic_and_the_settings() {
+        assert!(creation_outcome("t", Ok("t".into())).unwrap());
+        assert!(!creation_outcome("t", Err(RDKafkaErrorCode::TopicAlreadyExists)).unwrap());
+        let err = creation_outcome(
+            "outbox.event.x",
+            Err(RDKafkaErrorCode::InvalidReplicationFactor),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("outbox.event.x"), "{err}");
+        assert!(err.contains("refused to create"), "{err}");
+        assert!(err.contains("topic_replication_factor"), "{err}");
     }
 
     #[test]
