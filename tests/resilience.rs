@@ -464,3 +464,35 @@ fn a_timeline_change_stops_with_what_to_check() {
     assert!(stderr.contains("timeline changed from 1 to 2"), "{stderr}");
     assert!(stderr.contains("promoted or restored"), "{stderr}");
 }
+
+#[test]
+fn a_topic_created_while_the_broker_is_down_is_retried_not_dropped() {
+    let broker = TansuBroker::start();
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&kafka_config(&pg, &broker.bootstrap(), "", None, &[]));
+    insert(&pg, "first", 0..1);
+    consume(
+        &broker.bootstrap(),
+        &["outbox.event.first"],
+        1,
+        Duration::ZERO,
+        WAIT,
+    );
+    broker.pause();
+    // A new topic: creating it cannot succeed while the broker is paused.
+    let want = insert(&pg, "later", 1..3);
+    relay.wait_for_stderr("creating it timed out", WAIT);
+    assert_eq!(relay.exit_status(), None, "a broker outage is retried");
+    broker.resume();
+    let records = consume(
+        &broker.bootstrap(),
+        &["outbox.event.later"],
+        want.len(),
+        Duration::from_secs(2),
+        WAIT,
+    );
+    let seen: HashSet<String> = records.iter().filter_map(|r| r.header("id")).collect();
+    for id in &want {
+        assert!(seen.contains(id), "event {id} lost");
+    }
+}

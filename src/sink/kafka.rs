@@ -45,8 +45,10 @@ const PRODUCER_DEFAULTS: &[(&str, &str)] = &[
 /// librdkafka's default `message.max.bytes`.
 const LIBRDKAFKA_MESSAGE_MAX_BYTES: u32 = 1_000_000;
 
-/// How long an admin request (create topic, metadata) may take.
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an admin request (create topic, metadata) may take. The pipeline waits for
+/// it without sending status updates, so it stays well under `wal_sender_timeout`
+/// (60 s by default); a timeout is retried with backoff.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Per-message state carried through librdkafka to the delivery callback.
 struct InFlight {
