@@ -110,6 +110,8 @@ impl Metrics {
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
+            // Out of file descriptors or similar: do not spin.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             continue;
         };
         let metrics = Arc::clone(&metrics);
