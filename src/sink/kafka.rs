@@ -284,7 +284,8 @@ impl Sink for KafkaSink {
                 value: header.value.as_deref(),
             });
         }
-        let value = event.value().map(|v| v.into_owned());
+        // Borrowed when there is no envelope: librdkafka copies the bytes itself.
+        let value = event.value();
         let in_flight = Box::new(InFlight {
             txn,
             event: self.keep_events.then(|| Box::new(event.clone())),
@@ -295,16 +296,18 @@ impl Sink for KafkaSink {
         if let Some(key) = &event.key {
             record = record.key(key.as_bytes());
         }
-        if let Some(value) = &value {
-            record = record.payload(value.as_slice());
+        if let Some(value) = value.as_deref() {
+            record = record.payload(value);
         }
         if let Some(partition) = event.partition {
             record = record.partition(partition);
         }
-        let outcome = self.producer.send(record);
+        // Drop the record (and the value borrowed from `event`) before `event` moves.
+        let outcome = self.producer.send(record).map_err(|(error, _)| error);
+        drop(value);
         match outcome {
             Ok(()) => Ok(()),
-            Err((error, _)) => {
+            Err(error) => {
                 let event = Box::new(event);
                 match error.rdkafka_error_code() {
                     Some(RDKafkaErrorCode::QueueFull) => Err(SendError::QueueFull(event)),
