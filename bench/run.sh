@@ -53,28 +53,11 @@ log "building the relay (cargo build --release)"
 cargo build --release --quiet
 RELAY="$PWD/target/release/outbox-relay"
 
-# PostgreSQL server binaries: PATH, then pg_config --bindir, then the newest
-# /usr/lib/postgresql/*/bin (as deploy/demo.sh).
-BINDIR="$(dirname "$(command -v initdb 2>/dev/null || echo /nonexistent/initdb)")"
-if [ ! -x "$BINDIR/initdb" ] || [ ! -x "$BINDIR/postgres" ]; then
-    BINDIR="$(pg_config --bindir 2>/dev/null || true)"
-fi
-if [ ! -x "$BINDIR/initdb" ] || [ ! -x "$BINDIR/postgres" ]; then
-    BINDIR="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
-fi
-[ -x "$BINDIR/initdb" ] && [ -x "$BINDIR/postgres" ] \
+. deploy/lib.sh
+BINDIR="$(find_pg_bindir)" \
     || die "no PostgreSQL server binaries (initdb, postgres); run ./deploy/dev-deps.sh"
 command -v psql >/dev/null || die "psql not found; run ./deploy/dev-deps.sh"
 
-# tansu: $TANSU_BIN, PATH, $CARGO_HOME/bin, ~/.cargo/bin (as deploy/dev-deps.sh).
-find_tansu() {
-    if [ -n "${TANSU_BIN:-}" ] && [ -x "$TANSU_BIN" ]; then echo "$TANSU_BIN"; return 0; fi
-    command -v tansu 2>/dev/null && return 0
-    for bin in "${CARGO_HOME:-$HOME/.cargo}/bin/tansu" "$HOME/.cargo/bin/tansu"; do
-        if [ -x "$bin" ]; then echo "$bin"; return 0; fi
-    done
-    return 1
-}
 TANSU=""
 case " $SINKS " in
     *" kafka "*) TANSU="$(find_tansu)" || die "tansu not found; run ./deploy/dev-deps.sh (or set SINKS=stdout)" ;;

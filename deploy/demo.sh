@@ -13,13 +13,8 @@ SECONDS_TO_RUN="${DEMO_SECONDS:-20}"
 cargo build --release --quiet
 RELAY="$PWD/target/release/outbox-relay"
 
-BINDIR="$(dirname "$(command -v initdb 2>/dev/null || true)")"
-if [ ! -x "$BINDIR/initdb" ] || [ ! -x "$BINDIR/postgres" ]; then
-    BINDIR="$(pg_config --bindir 2>/dev/null || true)"
-fi
-if [ ! -x "$BINDIR/initdb" ]; then
-    BINDIR="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)"
-fi
+. deploy/lib.sh
+BINDIR="$(find_pg_bindir)"
 
 WORK="$(mktemp -d /tmp/outbox-relay-demo.XXXXXX)"
 PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"

@@ -3,19 +3,12 @@
 # PostgreSQL server binaries (Debian's postgresql package) and the tansu Kafka broker
 # (cargo install, ~15-20 min on 2 cores the first time; skipped when already present).
 set -euo pipefail
-
-have_pg_server() {
-    command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1 && return 0
-    if command -v pg_config >/dev/null 2>&1 && [ -x "$(pg_config --bindir)/initdb" ] && [ -x "$(pg_config --bindir)/postgres" ]; then
-        return 0
-    fi
-    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
-}
+. "$(dirname "$0")/lib.sh"
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
-if ! have_pg_server; then
+if ! find_pg_bindir >/dev/null; then
     echo "dev-deps: installing PostgreSQL server (Debian package postgresql)" >&2
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null
@@ -33,15 +26,6 @@ case ":$PATH:" in
     *":$CARGO_BIN_DIR:"*) ;;
     *) export PATH="$CARGO_BIN_DIR:$PATH" ;;
 esac
-
-find_tansu() {
-    if [ -n "${TANSU_BIN:-}" ] && [ -x "$TANSU_BIN" ]; then echo "$TANSU_BIN"; return 0; fi
-    command -v tansu 2>/dev/null && return 0
-    for bin in "$CARGO_BIN_DIR/tansu" "$HOME/.cargo/bin/tansu"; do
-        if [ -x "$bin" ]; then echo "$bin"; return 0; fi
-    done
-    return 1
-}
 
 if ! TANSU="$(find_tansu)"; then
     if ! command -v cargo >/dev/null 2>&1; then
