@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Throughput and memory benchmark of outbox-relay on this machine: a throwaway PostgreSQL
-# cluster, a tansu broker (memory storage) and the release build of the relay, driven by
+# cluster, an Apache Kafka broker (single-node KRaft, deploy/lib.sh) and the release build of the relay, driven by
 # three scenarios (many small transactions, one large transaction, a backlog of small
 # ones) on two sinks (stdout, Kafka). Prints one markdown results table on stdout;
 # progress and notes go to stderr. See docs/benchmarks.md for what is measured and how.
@@ -15,7 +15,7 @@
 #   N3=$N1              events of scenario "backlog": inserted in transactions of TXN1
 #                       while the relay is stopped, then the relay is started and timed
 #   SCENARIOS="small large backlog"
-#   SINKS="stdout kafka"  stdout goes to /dev/null; kafka goes to a fresh tansu per scenario
+#   SINKS="stdout kafka"  stdout goes to /dev/null; kafka goes to a fresh Apache Kafka per scenario
 #   PAYLOAD_PAD=100     characters of filler in each event's JSON payload
 #   STATUS_INTERVAL_MS=100  the relay's [postgres] status_interval_ms (its default is 10000;
 #                       the slot's confirmed_flush_lsn only moves on a status update, so
@@ -58,9 +58,11 @@ BINDIR="$(find_pg_bindir)" \
     || die "no PostgreSQL server binaries (initdb, postgres); run ./deploy/dev-deps.sh"
 command -v psql >/dev/null || die "psql not found; run ./deploy/dev-deps.sh"
 
-TANSU=""
+KAFKA_VERSION=""
 case " $SINKS " in
-    *" kafka "*) TANSU="$(find_tansu)" || die "tansu not found; run ./deploy/dev-deps.sh (or set SINKS=stdout)" ;;
+    *" kafka "*) [ -f "$(kafka_libs_dir)/kafka_2.13-$(kafka_version).jar" ] \
+                     || die "Apache Kafka's jars not found; run ./deploy/dev-deps.sh (or set SINKS=stdout)"
+                 KAFKA_VERSION="Apache Kafka $(kafka_version)" ;;
 esac
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -72,7 +74,7 @@ if [ "$(id -u)" = 0 ]; then
     chown postgres: "$WORK"
     AS_PG=(runuser -u postgres --)
 fi
-PG_PID=""; POSTMASTER=""; RELAY_PID=""; TANSU_PID=""
+PG_PID=""; POSTMASTER=""; RELAY_PID=""; KAFKA_PID=""
 stop_relay() {
     if [ -n "$RELAY_PID" ]; then
         kill -TERM "$RELAY_PID" 2>/dev/null || true
@@ -80,16 +82,16 @@ stop_relay() {
         RELAY_PID=""
     fi
 }
-stop_tansu() {
-    if [ -n "$TANSU_PID" ]; then
-        kill -TERM "$TANSU_PID" 2>/dev/null || true
-        wait "$TANSU_PID" 2>/dev/null || true
-        TANSU_PID=""
+stop_kafka() {
+    if [ -n "$KAFKA_PID" ]; then
+        kill -KILL "$KAFKA_PID" 2>/dev/null || true
+        wait "$KAFKA_PID" 2>/dev/null || true
+        KAFKA_PID=""
     fi
 }
 cleanup() {
     stop_relay
-    stop_tansu
+    stop_kafka
     if [ -n "$PG_PID" ]; then
         if [ -z "$POSTMASTER" ] && [ -f "$WORK/data/postmaster.pid" ]; then
             POSTMASTER="$(head -n 1 "$WORK/data/postmaster.pid")"
@@ -239,21 +241,11 @@ BEGIN
 END $$;
 SQL
 
-# ---------------------------------------------------------------------------- tansu, relay
-TANSU_VERSION=""
-[ -n "$TANSU" ] && TANSU_VERSION="$("$TANSU" --version 2>/dev/null || echo unknown)"
-start_tansu() {
+# ---------------------------------------------------------------------------- kafka, relay
+start_kafka() { # a fresh single-node KRaft broker per scenario (deploy/lib.sh)
     KAFKA_PORT="$(free_port)"
-    RUST_LOG=warn "$TANSU" broker --listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
-        --advertised-listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
-        --storage-engine memory://tansu/ >"$WORK/tansu.log" 2>&1 &
-    TANSU_PID=$!
-    for _ in $(seq 300); do
-        kill -0 "$TANSU_PID" 2>/dev/null || { cat "$WORK/tansu.log" >&2; die "tansu exited"; }
-        (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    die "tansu did not listen on $KAFKA_PORT"
+    rm -rf "$WORK/kafka"
+    start_kafka_broker "$WORK/kafka" "$KAFKA_PORT" "$(free_port)" || die "kafka did not start"
 }
 
 start_relay() { # $1 = sink
@@ -305,7 +297,7 @@ run_scenario() { # $1 = small|large|backlog, $2 = sink
                  label="backlog: $N3 events, txns of $TXN1, relay started after" ;;
         *) die "unknown scenario $name (small, large, backlog)" ;;
     esac
-    if [ "$sink" = kafka ]; then start_tansu; fi
+    if [ "$sink" = kafka ]; then start_kafka; fi
     start_relay "$sink"
     # Start from a clean slate: an empty table, and a slot whose restart_lsn is past
     # the earlier scenarios' WAL (a CHECKPOINT logs the running-transactions record the
@@ -321,11 +313,11 @@ run_scenario() { # $1 = small|large|backlog, $2 = sink
     busy="$(wait_quiet)"
     log "scenario $label -> $sink: machine ${busy}% busy before it, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
-    local relay0=0 wal0=0 pg0 tansu0=0 mach0
+    local relay0=0 wal0=0 pg0 kafka0=0 mach0
     if [ "$backlog" = 0 ]; then
         relay0="$(proc_ticks "$RELAY_PID")"; wal0="$(proc_ticks "$WALSENDER")"
         pg0="$(pg_ticks)"; mach0="$(machine_ticks)"
-        if [ -n "$TANSU_PID" ]; then tansu0="$(proc_ticks "$TANSU_PID")"; fi
+        if [ -n "$KAFKA_PID" ]; then kafka0="$(proc_ticks "$KAFKA_PID")"; fi
     fi
 
     local result t_start t_first t_last target t_window t_done
@@ -340,16 +332,16 @@ run_scenario() { # $1 = small|large|backlog, $2 = sink
         # The window opens when the relay process is started (its CPU counts from 0, and
         # its walsender is a new process).
         pg0="$(pg_ticks)"; mach0="$(machine_ticks)"
-        if [ -n "$TANSU_PID" ]; then tansu0="$(proc_ticks "$TANSU_PID")"; fi
+        if [ -n "$KAFKA_PID" ]; then kafka0="$(proc_ticks "$KAFKA_PID")"; fi
         t_window="$(now)"
         start_relay "$sink"
     fi
     t_done="$(psql_ bench -tAc "select bench_wait('bench', '$target', $TIMEOUT_S)")"
 
-    local relay1 wal1 pg1 tansu1=0 mach1 rss tansu_rss=""
+    local relay1 wal1 pg1 kafka1=0 mach1 rss kafka_rss=""
     sleep 0.3 # let the postmaster reap the exited backends (their CPU counts once reaped)
     relay1="$(proc_ticks "$RELAY_PID")"; wal1="$(proc_ticks "$WALSENDER")"; pg1="$(pg_ticks)"
-    if [ -n "$TANSU_PID" ]; then tansu1="$(proc_ticks "$TANSU_PID")"; tansu_rss="$(peak_rss_kib "$TANSU_PID")"; fi
+    if [ -n "$KAFKA_PID" ]; then kafka1="$(proc_ticks "$KAFKA_PID")"; kafka_rss="$(peak_rss_kib "$KAFKA_PID")"; fi
     mach1="$(machine_ticks)"
     rss="$(peak_rss_kib "$RELAY_PID")"
 
@@ -359,7 +351,7 @@ run_scenario() { # $1 = small|large|backlog, $2 = sink
     local seen warnings
     seen="$(sed 's/\x1b\[[0-9;]*m//g' "$WORK/relay.log" | grep ' stopped' | sed -n 's/.*events=\([0-9]*\).*/\1/p' | tail -n 1)"
     warnings="$(grep -cE ' (WARN|ERROR) ' "$WORK/relay.log" || true)"
-    stop_tansu
+    stop_kafka
     if [ "$seen" != "$events" ]; then
         NOTES+=("$name/$sink: the relay reported events=${seen:-?} at shutdown, expected $events")
     fi
@@ -370,17 +362,17 @@ run_scenario() { # $1 = small|large|backlog, $2 = sink
         NOTES+=("$name/$sink: started while the machine was ${busy}% busy (limit ${IDLE_MAX_BUSY}%): not a quiet measurement")
     fi
 
-    local ours=$(( (relay1 - relay0) + (pg1 - pg0) + (tansu1 - tansu0) ))
+    local ours=$(( (relay1 - relay0) + (pg1 - pg0) + (kafka1 - kafka0) ))
     local other=$(( mach1 - mach0 - ours ))
     [ "$other" -lt 0 ] && other=0
     ROWS+=("$(awk -v label="$label" -v sink="$sink" -v n="$events" \
         -v ts="$t_start" -v tw="$t_window" -v tl="$t_last" -v td="$t_done" -v backlog="$backlog" \
         -v relay="$((relay1 - relay0))" -v wal="$((wal1 - wal0))" -v wal_after="$((wal1 - wal_mid))" -v pg="$((pg1 - pg0))" \
-        -v tansu="$((tansu1 - tansu0))" -v other="$other" -v rss="$rss" -v trss="$tansu_rss" -v hz="$HZ" '
+        -v kafka="$((kafka1 - kafka0))" -v other="$other" -v rss="$rss" -v trss="$kafka_rss" -v hz="$HZ" '
         BEGIN {
             ins = tl - ts; rel = td - tw; lag = (backlog ? "–" : sprintf("%.1f s", td - tl));
             walsender = backlog ? sprintf("%.1f s", wal / hz) : sprintf("%.1f s (%.1f s after)", wal / hz, wal_after / hz);
-            broker = (sink == "kafka") ? sprintf("%.1f s / %.0f MiB", tansu / hz, trss / 1024) : "–";
+            broker = (sink == "kafka") ? sprintf("%.1f s / %.0f MiB", kafka / hz, trss / 1024) : "–";
             printf "| %s | %s | %.1f s (%.0f/s) | %.1f s | **%.0f/s** | %s | %.1f s | **%.1f s** | **%.1f MiB** | %s | %.1f s | %s | %.1f s |",
                 label, sink, ins, n / ins, rel, n / rel, lag,
                 relay / hz, relay / hz / (n / 1e6), rss / 1024,
@@ -406,7 +398,7 @@ done
 echo "## outbox-relay benchmark, $(date -u +'%Y-%m-%d %H:%M UTC')"
 echo
 echo "relay $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null || echo ' (+ uncommitted changes in src/)'),"\
-     "PostgreSQL $PG_VERSION (fsync=off, autovacuum=off, logical_decoding_work_mem default),${TANSU_VERSION:+ $TANSU_VERSION (memory storage);}"\
+     "PostgreSQL $PG_VERSION (fsync=off, autovacuum=off, logical_decoding_work_mem default),${KAFKA_VERSION:+ $KAFKA_VERSION (single-node KRaft);}"\
      "$(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')),"\
      "$(awk '/^MemTotal:/{printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM;"\
      "payload ${PAYLOAD_BYTES} bytes of JSON; relay status_interval_ms=$STATUS_INTERVAL_MS${RELAY_EXTRA_TOML:+, $(printf '%b' "$RELAY_EXTRA_TOML" | tr '\n' ' ')}, other settings default."

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_TO_RUN="${DEMO_SECONDS:-20}"
 
-./deploy/dev-deps.sh
+./deploy/dev-deps.sh --postgres-only
 cargo build --release --quiet
 RELAY="$PWD/target/release/outbox-relay"
 

@@ -9,15 +9,13 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::kafka::{consume, Record, TansuBroker};
+use support::kafka::{consume, KafkaBroker, Record};
 use support::outbox::{
     cluster_with_app_db, cluster_with_outbox, kafka_config, plain, start_streaming, stdout_config,
     SLOT, WAIT,
 };
 use support::{wait_until, PgCluster, PgOptions, RelayProcess};
 
-/// Nothing new for this long after the expected records: no extra records follow.
-const IDLE: Duration = Duration::from_secs(2);
 const DEAD_LETTER: &str = "outbox.dead-letter";
 /// Exit code of a relay that stopped on a definite error (a panic would be 101).
 const EXIT_FAILURE: i32 = 1;
@@ -63,8 +61,8 @@ fn insert_loose(pg: &PgCluster, id: Option<&str>, route: Option<&str>, payload: 
 }
 
 /// The good events before and after the bad one both arrive, in order.
-fn assert_good_events_around(broker: &TansuBroker, topic: &str, ids: &[&str]) {
-    let records = consume(&broker.bootstrap(), &[topic], ids.len(), IDLE, WAIT);
+fn assert_good_events_around(broker: &KafkaBroker, topic: &str, ids: &[&str]) {
+    let records = consume(&broker.bootstrap(), &[topic], ids.len(), WAIT);
     let got: Vec<String> = records.iter().filter_map(|r| r.header("id")).collect();
     assert_eq!(
         got, ids,
@@ -73,8 +71,8 @@ fn assert_good_events_around(broker: &TansuBroker, topic: &str, ids: &[&str]) {
 }
 
 /// The dead-letter records, exactly `n` of them, each with the standard headers.
-fn dead_letters(broker: &TansuBroker, n: usize) -> Vec<Record> {
-    let dead = consume(&broker.bootstrap(), &[DEAD_LETTER], n, IDLE, WAIT);
+fn dead_letters(broker: &KafkaBroker, n: usize) -> Vec<Record> {
+    let dead = consume(&broker.bootstrap(), &[DEAD_LETTER], n, WAIT);
     assert_eq!(dead.len(), n, "dead-letter records: {dead:?}");
     for record in &dead {
         assert_eq!(
@@ -112,7 +110,7 @@ fn assert_running(relay: &RelayProcess) {
 
 #[test]
 fn missing_payload_column_with_a_dead_letter_topic_dead_letters_the_row() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&kafka_config(
         &pg,
@@ -148,13 +146,13 @@ fn missing_payload_column_with_a_dead_letter_topic_dead_letters_the_row() {
 
 #[test]
 fn null_payload_is_delivered_as_a_null_value_record() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&kafka_config(&pg, &broker.bootstrap(), "", None, &[]));
     let before = insert(&pg, "order", "'{\"n\": 1}'");
     let null = insert(&pg, "order", "NULL");
     let after = insert(&pg, "order", "'{\"n\": 3}'");
-    let records = consume(&broker.bootstrap(), &["outbox.event.order"], 3, IDLE, WAIT);
+    let records = consume(&broker.bootstrap(), &["outbox.event.order"], 3, WAIT);
     let ids: Vec<String> = records.iter().filter_map(|r| r.header("id")).collect();
     assert_eq!(ids, [before, null.clone(), after], "in order, nothing lost");
     let tombstone = &records[1];
@@ -170,7 +168,7 @@ fn null_payload_is_delivered_as_a_null_value_record() {
 
 #[test]
 fn non_json_text_payload_is_delivered_as_its_raw_text_bytes() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_outbox(PgOptions::default());
     pg.client_db("app")
         .batch_execute("ALTER TABLE outbox ALTER COLUMN payload TYPE text")
@@ -186,7 +184,7 @@ fn non_json_text_payload_is_delivered_as_its_raw_text_bytes() {
         )
         .unwrap()
         .get::<_, String>(0);
-    let records = consume(&broker.bootstrap(), &["outbox.event.note"], 1, IDLE, WAIT);
+    let records = consume(&broker.bootstrap(), &["outbox.event.note"], 1, WAIT);
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0].header("id"), Some(id));
     assert_eq!(
@@ -214,7 +212,7 @@ fn insert_big(pg: &PgCluster) -> (String, String) {
 
 #[test]
 fn payload_over_message_max_bytes_is_dead_lettered_with_its_headers() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&kafka_config(
         &pg,
@@ -251,7 +249,7 @@ fn payload_over_message_max_bytes_is_dead_lettered_with_its_headers() {
 
 #[test]
 fn payload_under_a_raised_message_max_bytes_is_delivered_intact() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&kafka_config(
         &pg,
@@ -262,7 +260,7 @@ fn payload_under_a_raised_message_max_bytes_is_delivered_intact() {
     ));
     let (id, stored) = insert_big(&pg);
     assert!(stored.len() > BIG_PAYLOAD_BYTES);
-    let records = consume(&broker.bootstrap(), &["outbox.event.big"], 1, IDLE, WAIT);
+    let records = consume(&broker.bootstrap(), &["outbox.event.big"], 1, WAIT);
     assert_eq!(records.len(), 1, "one record, no duplicate");
     assert_eq!(records[0].header("id"), Some(id));
     let value = records[0].value.as_deref().expect("a value");
@@ -273,7 +271,6 @@ fn payload_under_a_raised_message_max_bytes_is_delivered_intact() {
             &broker.bootstrap(),
             &[DEAD_LETTER],
             1,
-            IDLE,
             Duration::from_secs(3)
         )
         .is_empty(),
@@ -289,7 +286,7 @@ fn payload_under_a_raised_message_max_bytes_is_delivered_intact() {
 
 #[test]
 fn unicode_aggregate_type_on_kafka_is_dead_lettered_naming_the_topic() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&kafka_config(
         &pg,
@@ -347,7 +344,7 @@ fn unicode_aggregate_type_on_stdout_is_printed_intact() {
 
 #[test]
 fn route_values_making_illegal_topic_names_are_dead_lettered_naming_each() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&kafka_config(
         &pg,
@@ -395,7 +392,7 @@ fn route_values_making_illegal_topic_names_are_dead_lettered_naming_each() {
 
 #[test]
 fn null_id_is_dead_lettered_with_the_row() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_app_db();
     loose_outbox(&pg);
     let relay = start_streaming(&kafka_config(
@@ -437,19 +434,13 @@ fn stopped_at(stderr: &str) -> String {
 
 #[test]
 fn null_id_without_a_dead_letter_topic_stops_unacknowledged_every_time() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_app_db();
     loose_outbox(&pg);
     let config = kafka_config(&pg, &broker.bootstrap(), "", None, &[]);
     let relay = start_streaming(&config);
     insert_loose(&pg, Some("ok-1"), Some("order"), Some("{}"));
-    consume(
-        &broker.bootstrap(),
-        &["outbox.event.order"],
-        1,
-        Duration::ZERO,
-        WAIT,
-    );
+    consume(&broker.bootstrap(), &["outbox.event.order"], 1, WAIT);
     assert_acknowledged_through_now(&pg);
     insert_loose(&pg, None, Some("order"), Some("{\"n\":2}"));
     let after_bad = pg.current_wal_lsn();
@@ -501,7 +492,7 @@ fn null_id_without_a_dead_letter_topic_stops_unacknowledged_every_time() {
         json(dead[0].value.as_deref().unwrap())["payload"],
         "{\"n\":2}"
     );
-    let delivered = consume(&broker.bootstrap(), &["outbox.event.order"], 1, IDLE, WAIT);
+    let delivered = consume(&broker.bootstrap(), &["outbox.event.order"], 1, WAIT);
     assert_eq!(
         delivered.len(),
         1,

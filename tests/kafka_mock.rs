@@ -1,11 +1,10 @@
-//! Producer faults tansu cannot produce, injected with librdkafka's built-in mock
-//! cluster (hosted in this test process; the relay binary connects to it over TCP).
+//! Producer faults no single real broker can be made to produce (a fatal idempotence
+//! error), injected with librdkafka's built-in mock cluster (hosted in this test
+//! process; the relay binary connects to it over TCP).
 //! The mock has no CreateTopics; it creates topics on first metadata request, so the
 //! relay runs with `create_topics = false` here.
 
 mod support;
-
-use std::time::Duration;
 
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
@@ -36,13 +35,7 @@ fn a_fatal_producer_error_rebuilds_the_producer_and_resends() {
         "streaming resumes from the slot's acknowledged position",
         WAIT,
     );
-    let records = consume(
-        &mock.bootstrap_servers(),
-        &["outbox.event.fatal"],
-        1,
-        Duration::from_secs(2),
-        WAIT,
-    );
+    let records = consume(&mock.bootstrap_servers(), &["outbox.event.fatal"], 1, WAIT);
     assert!(
         records
             .iter()

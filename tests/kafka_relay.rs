@@ -1,20 +1,17 @@
-//! The Kafka sink against a real PostgreSQL and a real Kafka-protocol broker (tansu):
+//! The Kafka sink against a real PostgreSQL and a real Apache Kafka broker:
 //! Debezium-shaped records, router options, and invalid events that never vanish.
 
 mod support;
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use support::kafka::{consume, Record, TansuBroker};
+use support::kafka::{consume, KafkaBroker, Record};
 use support::outbox::{
     cluster_with_app_db, cluster_with_outbox, kafka_config, start_streaming, SLOT, WAIT,
 };
 use support::PgOptions;
-
-/// Nothing new for this long after the expected records: no extra records follow.
-const IDLE: Duration = Duration::from_secs(3);
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -30,7 +27,7 @@ fn json(bytes: &[u8]) -> Value {
 
 #[test]
 fn debezium_default_table_routes_2000_events_over_5_types() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&kafka_config(&pg, &broker.bootstrap(), "", None, &[]));
     let types = ["order", "customer", "invoice", "shipment", "payment"];
@@ -57,7 +54,7 @@ fn debezium_default_table_routes_2000_events_over_5_types() {
     let after = now_ms();
     let topics: Vec<String> = types.iter().map(|t| format!("outbox.event.{t}")).collect();
     let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let records = consume(&broker.bootstrap(), &topic_refs, 2000, IDLE, WAIT);
+    let records = consume(&broker.bootstrap(), &topic_refs, 2000, WAIT);
     assert_eq!(
         records.len(),
         2000,
@@ -92,7 +89,7 @@ fn debezium_default_table_routes_2000_events_over_5_types() {
 
 #[test]
 fn lesson_shaped_table_is_mapped_by_config() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_app_db();
     pg.client_db("app")
         .batch_execute(
@@ -129,7 +126,6 @@ fn lesson_shaped_table_is_mapped_by_config() {
         &broker.bootstrap(),
         &["users.UserRegistered", "users.EmailChanged"],
         3,
-        IDLE,
         WAIT,
     );
     assert_eq!(records.len(), 3);
@@ -149,7 +145,7 @@ fn lesson_shaped_table_is_mapped_by_config() {
 
 #[test]
 fn additional_placements_topic_regex_and_tombstones() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_outbox(PgOptions::default());
     pg.client_db("app")
         .batch_execute("ALTER TABLE outbox ADD COLUMN shard int NOT NULL DEFAULT 0, ALTER COLUMN payload DROP NOT NULL")
@@ -170,13 +166,7 @@ fn additional_placements_topic_regex_and_tombstones() {
                ('00000000-0000-0000-0000-000000000003', 'Unmatched', 'u-1', 'Other', '[1]', 0)",
         )
         .unwrap();
-    let records = consume(
-        &broker.bootstrap(),
-        &["events.order", "Unmatched"],
-        3,
-        IDLE,
-        WAIT,
-    );
+    let records = consume(&broker.bootstrap(), &["events.order", "Unmatched"], 3, WAIT);
     assert_eq!(records.len(), 3, "{records:?}");
     let by_id = |id: &str| -> &Record {
         records
@@ -229,7 +219,7 @@ fn loose_outbox(pg: &support::PgCluster) {
 
 #[test]
 fn invalid_events_go_to_the_dead_letter_topic_with_their_reason() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_app_db();
     loose_outbox(&pg);
     let relay = start_streaming(&kafka_config(
@@ -257,14 +247,14 @@ fn invalid_events_go_to_the_dead_letter_topic_with_their_reason() {
             )
             .unwrap();
     }
-    let good = consume(&broker.bootstrap(), &["outbox.event.good"], 2, IDLE, WAIT);
+    let good = consume(&broker.bootstrap(), &["outbox.event.good"], 2, WAIT);
     let ids: Vec<_> = good.iter().map(|r| r.header("id").unwrap()).collect();
     assert_eq!(
         ids,
         ["ok-1", "ok-2"],
         "valid events around the invalid ones are delivered"
     );
-    let dead = consume(&broker.bootstrap(), &["outbox.dead-letter"], 5, IDLE, WAIT);
+    let dead = consume(&broker.bootstrap(), &["outbox.dead-letter"], 5, WAIT);
     assert_eq!(dead.len(), 5, "{dead:?}");
     for record in &dead {
         assert_eq!(
@@ -308,7 +298,7 @@ fn invalid_events_go_to_the_dead_letter_topic_with_their_reason() {
 
 #[test]
 fn without_a_dead_letter_topic_an_invalid_event_stops_the_relay_unacknowledged() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_app_db();
     loose_outbox(&pg);
     let relay = start_streaming(&kafka_config(&pg, &broker.bootstrap(), "", None, &[]));
@@ -319,13 +309,7 @@ fn without_a_dead_letter_topic_an_invalid_event_stops_the_relay_unacknowledged()
             &[],
         )
         .unwrap();
-    consume(
-        &broker.bootstrap(),
-        &["outbox.event.good"],
-        1,
-        Duration::ZERO,
-        WAIT,
-    );
+    consume(&broker.bootstrap(), &["outbox.event.good"], 1, WAIT);
     support::wait_until("the valid event is acknowledged", WAIT, || {
         pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= pg.current_wal_lsn()
     });
@@ -365,7 +349,7 @@ fn without_a_dead_letter_topic_an_invalid_event_stops_the_relay_unacknowledged()
 
 #[test]
 fn a_missing_additional_column_sends_the_event_to_the_dead_letter_topic() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&kafka_config(
         &pg,
@@ -379,7 +363,7 @@ fn a_missing_additional_column_sends_the_event_to_the_dead_letter_topic() {
             "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'o', 'T', '{\"x\": 1}')",
         )
         .unwrap();
-    let dead = consume(&broker.bootstrap(), &["dlq"], 1, IDLE, WAIT);
+    let dead = consume(&broker.bootstrap(), &["dlq"], 1, WAIT);
     assert_eq!(dead.len(), 1);
     let error = dead[0].header("error").unwrap();
     assert!(
@@ -397,14 +381,14 @@ fn a_missing_additional_column_sends_the_event_to_the_dead_letter_topic() {
              INSERT INTO outbox (aggregatetype, aggregateid, type, payload, tenant) VALUES ('order', 'o', 'T', '{}', 'acme')",
         )
         .unwrap();
-    let routed = consume(&broker.bootstrap(), &["outbox.event.order"], 1, IDLE, WAIT);
+    let routed = consume(&broker.bootstrap(), &["outbox.event.order"], 1, WAIT);
     assert_eq!(routed[0].header("tenant").as_deref(), Some("acme"));
     drop(relay);
 }
 
 #[test]
 fn a_topic_that_cannot_be_created_stops_the_relay_naming_it() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::shared();
     let pg = cluster_with_outbox(PgOptions::default());
     let config = kafka_config(&pg, &broker.bootstrap(), "", None, &[])
         .replace("[kafka]\n", "[kafka]\ncreate_topics = false\n");

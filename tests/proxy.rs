@@ -1,7 +1,7 @@
 //! The TCP fault proxy (`support::proxy::FaultProxy`): first against a local echo
 //! server (bytes pass, cut, blackhole, latency, refuse), then in front of the real
 //! components it is used with: PostgreSQL (a plain client and the relay's replication
-//! connection) and the tansu Kafka broker (which must advertise the proxy's port).
+//! connection) and an Apache Kafka broker (which must advertise the proxy's port).
 
 mod support;
 
@@ -9,7 +9,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use support::kafka::{consume, create_topic, produce, TansuBroker};
+use support::kafka::{consume, create_topic, produce, KafkaBroker};
 use support::outbox::{cluster_with_outbox, start_streaming, stdout_config, WAIT};
 use support::proxy::FaultProxy;
 use support::{wait_until, PgCluster, PgOptions};
@@ -330,7 +330,7 @@ fn relay_recovers_from_a_blackholed_postgres_link() {
 
 #[test]
 fn kafka_through_the_proxy_survives_a_cut() {
-    let (broker, proxy) = TansuBroker::start_behind_proxy();
+    let (broker, proxy) = KafkaBroker::start_behind_proxy();
     let bootstrap = proxy.addr().to_string();
     create_topic(&bootstrap, "proxied", 1);
     produce(&bootstrap, "proxied", "k", "one");
@@ -342,13 +342,7 @@ fn kafka_through_the_proxy_survives_a_cut() {
     produce(&bootstrap, "proxied", "k", "two");
     // Even when bootstrapped on the broker's own port, clients are sent to the proxy.
     let before = proxy.accepted_count();
-    let records = consume(
-        &broker.bootstrap(),
-        &["proxied"],
-        2,
-        Duration::from_secs(1),
-        WAIT,
-    );
+    let records = consume(&broker.bootstrap(), &["proxied"], 2, WAIT);
     let values: Vec<String> = records.iter().filter_map(|r| r.value_str()).collect();
     assert_eq!(values, ["one", "two"]);
     assert!(

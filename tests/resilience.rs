@@ -7,7 +7,7 @@ mod support;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use support::kafka::{consume, TansuBroker};
+use support::kafka::{consume, KafkaBroker};
 use support::outbox::{
     cluster_with_outbox, kafka_config, start_streaming, stdout_config, SLOT, WAIT,
 };
@@ -113,7 +113,7 @@ fn a_second_relay_waits_for_the_slot_and_takes_over() {
 
 #[test]
 fn sigterm_behind_a_dead_broker_exits_in_time_without_acknowledging() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::start();
     let pg = cluster_with_outbox(PgOptions::default());
     let config = kafka_config(&pg, &broker.bootstrap(), "", None, &[]).replace(
         "status_interval_ms = 200\n",
@@ -123,13 +123,7 @@ fn sigterm_behind_a_dead_broker_exits_in_time_without_acknowledging() {
     // because it lands inside the [postgres] table's end.
     let relay = start_streaming(&config);
     insert(&pg, "dead", 0..1);
-    consume(
-        &broker.bootstrap(),
-        &["outbox.event.dead"],
-        1,
-        Duration::ZERO,
-        WAIT,
-    );
+    consume(&broker.bootstrap(), &["outbox.event.dead"], 1, WAIT);
     broker.pause();
     let before = pg.current_wal_lsn();
     insert(&pg, "dead", 1..6);
@@ -156,17 +150,11 @@ fn sigterm_behind_a_dead_broker_exits_in_time_without_acknowledging() {
 
 #[test]
 fn a_second_signal_exits_at_once() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::start();
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&kafka_config(&pg, &broker.bootstrap(), "", None, &[]));
     insert(&pg, "twice", 0..1);
-    consume(
-        &broker.bootstrap(),
-        &["outbox.event.twice"],
-        1,
-        Duration::ZERO,
-        WAIT,
-    );
+    consume(&broker.bootstrap(), &["outbox.event.twice"], 1, WAIT);
     broker.pause();
     let before = pg.current_wal_lsn();
     insert(&pg, "twice", 1..3);
@@ -194,7 +182,7 @@ enum BrokerDeath {
 }
 
 fn relay_stuck_behind_a_dead_broker_does_not_hang_postgres_shutdown(death: BrokerDeath) {
-    let mut broker = TansuBroker::start();
+    let mut broker = KafkaBroker::start();
     let mut pg = cluster_with_outbox(PgOptions::default());
     let config = kafka_config(&pg, &broker.bootstrap(), "", None, &[]).replace(
         "status_interval_ms = 200\n",
@@ -202,13 +190,7 @@ fn relay_stuck_behind_a_dead_broker_does_not_hang_postgres_shutdown(death: Broke
     );
     let relay = start_streaming(&config);
     insert(&pg, "stuck", 0..1);
-    consume(
-        &broker.bootstrap(),
-        &["outbox.event.stuck"],
-        1,
-        Duration::ZERO,
-        WAIT,
-    );
+    consume(&broker.bootstrap(), &["outbox.event.stuck"], 1, WAIT);
     match death {
         BrokerDeath::Paused => broker.pause(),
         BrokerDeath::Killed => broker.kill9(),
@@ -224,14 +206,13 @@ fn relay_stuck_behind_a_dead_broker_does_not_hang_postgres_shutdown(death: Broke
     pg.start_again();
     match death {
         BrokerDeath::Paused => broker.resume(),
-        // Memory storage: the broker comes back empty; the relay creates the topic again.
+        // The broker comes back with its log directory; the relay resends what it held.
         BrokerDeath::Killed => broker.restart(),
     }
     let records = consume(
         &broker.bootstrap(),
         &["outbox.event.stuck"],
         want.len(),
-        Duration::from_secs(3),
         WAIT,
     );
     let seen: HashSet<String> = records.iter().filter_map(|r| r.header("id")).collect();
@@ -394,27 +375,15 @@ fn a_cut_or_blackholed_postgres_link_is_detected_and_reconnected() {
 
 #[test]
 fn a_broker_restart_that_keeps_its_data_loses_nothing() {
-    let mut broker = TansuBroker::start_sqlite();
+    let mut broker = KafkaBroker::start();
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&kafka_config(&pg, &broker.bootstrap(), "", None, &[]));
     let mut want = insert(&pg, "restart", 0..10);
-    consume(
-        &broker.bootstrap(),
-        &["outbox.event.restart"],
-        10,
-        Duration::ZERO,
-        WAIT,
-    );
+    consume(&broker.bootstrap(), &["outbox.event.restart"], 10, WAIT);
     broker.kill9();
     want.extend(insert(&pg, "restart", 10..20));
     broker.restart();
-    let records = consume(
-        &broker.bootstrap(),
-        &["outbox.event.restart"],
-        20,
-        Duration::from_secs(3),
-        WAIT,
-    );
+    let records = consume(&broker.bootstrap(), &["outbox.event.restart"], 20, WAIT);
     let seen: HashSet<String> = records.iter().filter_map(|r| r.header("id")).collect();
     for id in &want {
         assert!(
@@ -467,17 +436,11 @@ fn a_timeline_change_stops_with_what_to_check() {
 
 #[test]
 fn a_topic_created_while_the_broker_is_down_is_retried_not_dropped() {
-    let broker = TansuBroker::start();
+    let broker = KafkaBroker::start();
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&kafka_config(&pg, &broker.bootstrap(), "", None, &[]));
     insert(&pg, "first", 0..1);
-    consume(
-        &broker.bootstrap(),
-        &["outbox.event.first"],
-        1,
-        Duration::ZERO,
-        WAIT,
-    );
+    consume(&broker.bootstrap(), &["outbox.event.first"], 1, WAIT);
     broker.pause();
     // A new topic: creating it cannot succeed while the broker is paused.
     let want = insert(&pg, "later", 1..3);
@@ -488,7 +451,6 @@ fn a_topic_created_while_the_broker_is_down_is_retried_not_dropped() {
         &broker.bootstrap(),
         &["outbox.event.later"],
         want.len(),
-        Duration::from_secs(2),
         WAIT,
     );
     let seen: HashSet<String> = records.iter().filter_map(|r| r.header("id")).collect();

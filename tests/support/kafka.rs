@@ -1,152 +1,165 @@
-//! A throwaway Kafka broker (`tansu` 0.6.0, Kafka wire-compatible) as a child process,
-//! and blocking client helpers (in `client`) to create topics, produce and read back.
+//! A throwaway Apache Kafka broker (single-node KRaft, combined broker and controller) as
+//! a child JVM, and blocking client helpers (in `client`) to create topics, produce and
+//! read back.
 //!
 //! ```text
-//! TansuBroker::start()          memory storage, free port on 127.0.0.1, own temp dir
-//! TansuBroker::start_sqlite()   sqlite://broker.db in the temp dir: survives kill9()
-//!   .pause() .resume()          SIGSTOP / SIGCONT (sockets stay open, nothing answers)
-//!   .kill9() .restart()         same port, same cwd and storage
-//! create_topic / list_topics    admin + metadata (tansu does not auto-create topics)
-//! consume(...)                  read from offset 0 until `expected` records + `idle`
-//! produce / produce_records     idempotent producer, waits for the delivery reports
+//! KafkaBroker::start()        fresh broker: free ports, own temp dir (log dir inside)
+//! KafkaBroker::shared()       the test binary's one broker, leased by one test at a
+//!                             time, emptied of topics for each lease (no faults on it)
+//!   .pause() .resume()        SIGSTOP / SIGCONT (sockets stay open, nothing answers)
+//!   .kill9() .stop()          SIGKILL / SIGTERM (controlled shutdown), then reaped
+//!   .restart()                kills if running, starts again on the same ports and
+//!                             log directory: every acknowledged record is still there
+//! create_topic / list_topics  admin + metadata (auto-creation is off, as in production)
+//! consume(...)                waits until the topics hold `expected` records (high
+//!                             watermarks), then reads exactly up to those watermarks
+//! produce / produce_records   idempotent producer, waits for the delivery reports
 //! ```
 //!
-//! Tansu behaviour this module relies on or works around:
-//! - High watermarks and ListOffsets are unreliable, so [`consume`] never asks where the
-//!   end is: it assigns every partition by hand at offset 0 (no offset lookup; the
-//!   consumer group is never joined, nothing is committed) and reads until it has what
-//!   it expects and then nothing new arrives for `idle`, so duplicates are seen too.
-//!   Topics that do not exist yet are looked up again every 500 ms.
-//! - Topics are not auto-created: [`create_topic`] uses the admin API and waits until
-//!   metadata shows every partition with a leader.
-//! - The `sqlite://` path is taken relative to the broker's working directory (an
-//!   absolute one is mangled), so the broker runs with its cwd in its own temp dir.
-//! - Readiness is a metadata request answered with a broker list (the listener is up a
-//!   few milliseconds after spawn).
-//! - The broker logs (tracing, `RUST_LOG`, FULL span events) to stdout; it gets its own
-//!   filter from `TANSU_TEST_LOG` (default `warn`), never the test's `RUST_LOG`.
+//! The broker is Apache Kafka from Maven Central: `deploy/kafka/pom.xml` names the version,
+//! and `deploy/dev-deps.sh` copies its jars (with a log4j2 binding) into
+//! `$OUTBOX_RELAY_KAFKA_LIBS`, by default `~/.cache/outbox-relay/kafka-<version>/libs`.
+//! Starting one is two JVM runs: `kafka.tools.StorageTool format` on the temp dir (first
+//! start only), then `kafka.Kafka server.properties`; ready when a metadata request lists
+//! the broker. Measured on the 2-core machine: about 4 s to ready, 300–350 MB RSS
+//! (`-Xmx512m`, serial GC). See docs/testing.md.
+//!
+//! Every broker JVM is tied to the test process by a watchdog (`sh` reading a pipe whose
+//! write end only the test process holds): when the test binary exits, however it exits,
+//! the pipe closes and the watchdog kills the JVM. That is what lets [`KafkaBroker::shared`]
+//! live in a `static`, which is never dropped.
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 use tempfile::TempDir;
 
 use super::process::ChildProcess;
-use super::wait::{poll_until, tail_lines};
+use super::wait::{poll_until, tail_lines, wait_child};
 
 mod client;
 
 use client::metadata_client;
 pub use client::{
-    consume, create_topic, list_topics, produce, produce_records, try_produce_records,
-    unique_group_id, Delivered, OutgoingRecord, Record, PRODUCE_TIMEOUT,
+    consume, create_topic, delete_all_topics, list_topics, produce, produce_records, read_all,
+    try_produce_records, unique_group_id, Delivered, OutgoingRecord, Record, PRODUCE_TIMEOUT,
 };
 
-/// Env var naming the tansu binary (checked before `PATH` and `~/.cargo/bin`).
-pub const TANSU_BIN_ENV: &str = "TANSU_BIN";
-/// Env var selecting the broker's `RUST_LOG` in tests (default `warn`).
-pub const TANSU_TEST_LOG_ENV: &str = "TANSU_TEST_LOG";
-const INSTALL_HINT: &str =
-    "install with: cargo install tansu --locked --version 0.6.0 --features dynostore,libsql";
-/// Deadline for a started broker to answer a metadata request.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// Deadline for a killed broker to be reaped.
-const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Attempts at picking a free port (another process can take it before tansu binds).
+/// Env var naming the directory that holds the broker's jars.
+pub const KAFKA_LIBS_ENV: &str = "OUTBOX_RELAY_KAFKA_LIBS";
+/// Env var: `info` or `debug` makes the broker log more than warnings (default `warn`).
+pub const KAFKA_TEST_LOG_ENV: &str = "KAFKA_TEST_LOG";
+const INSTALL_HINT: &str = "run ./deploy/dev-deps.sh (it copies Apache Kafka's jars from \
+                            Maven Central with deploy/kafka/pom.xml)";
+/// Deadline for a started broker to answer a metadata request listing itself. A JVM on
+/// a loaded 2-core machine can take a while.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+/// Deadline for the storage tool to format the log directory.
+const FORMAT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Deadline for a killed broker to be reaped, and for a controlled shutdown.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Attempts at picking free ports (another process can take them before the JVM binds).
 const PORT_ATTEMPTS: usize = 5;
 /// How many lines `log_tail` returns.
-const LOG_TAIL_LINES: usize = 60;
+const LOG_TAIL_LINES: usize = 80;
+/// Heap bound for the broker JVM: enough for the million-record tests, small enough
+/// that two brokers and the rest of a test fit the machine.
+const HEAP: &str = "-Xmx512m";
+/// Cluster id for the storage tool (any 22-character base64url string; each broker has
+/// its own temp dir, so one id for all is fine).
+const CLUSTER_ID: &str = "b3V0Ym94LXJlbGF5LXRlc3";
 
-/// Where the broker keeps its data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Storage {
-    Memory,
-    /// `sqlite://broker.db`, relative to the broker's cwd (its temp dir).
-    Sqlite,
-}
-
-impl Storage {
-    fn url(self) -> &'static str {
-        match self {
-            Storage::Memory => "memory://tansu/",
-            Storage::Sqlite => "sqlite://broker.db",
-        }
-    }
-}
-
-pub struct TansuBroker {
+pub struct KafkaBroker {
     /// `None` only transiently inside `restart`.
     process: Option<ChildProcess>,
+    /// Kills the JVM when the test process exits without dropping the broker.
+    watchdog: Option<Watchdog>,
     port: u16,
+    controller_port: u16,
     /// Port advertised to clients instead of `port` (a proxy in front of the broker).
     advertised_port: Option<u16>,
-    storage: Storage,
-    binary: PathBuf,
     /// Output of earlier incarnations (before `restart`), for `log_tail`.
     earlier_log: String,
     // Last: removed after the broker is killed.
     dir: TempDir,
 }
 
-impl TansuBroker {
-    /// A broker with in-memory storage: fast, lost on exit.
+impl KafkaBroker {
+    /// A fresh broker of its own, for tests that stop, pause or restart it.
     pub fn start() -> Self {
-        Self::start_with(Storage::Memory, None, &mut |_| {})
+        Self::start_with(None, &mut |_| {})
     }
 
-    /// A broker with `sqlite://broker.db` storage in its temp dir: survives `kill9()` +
-    /// `restart()`. Slow past ~20k records; use it for small restart tests only.
-    pub fn start_sqlite() -> Self {
-        Self::start_with(Storage::Sqlite, None, &mut |_| {})
-    }
-
-    /// A memory-storage broker listening on its own free port but advertising
+    /// A broker listening on its own free port but advertising
     /// `127.0.0.1:advertised_port`, so clients connect there after bootstrap (a fault
-    /// proxy in front of the broker: see `TansuBroker::start_behind_proxy`).
+    /// proxy in front of the broker: see `KafkaBroker::start_behind_proxy`).
     /// `on_listen_port` gets the port the broker is about to listen on, before each
-    /// spawn attempt (the readiness check may already go through the advertised port).
+    /// spawn attempt (the readiness check goes through the advertised port).
     pub fn start_advertising(advertised_port: u16, mut on_listen_port: impl FnMut(u16)) -> Self {
-        Self::start_with(Storage::Memory, Some(advertised_port), &mut on_listen_port)
+        Self::start_with(Some(advertised_port), &mut on_listen_port)
     }
 
-    fn start_with(
-        storage: Storage,
-        advertised_port: Option<u16>,
-        on_listen_port: &mut dyn FnMut(u16),
-    ) -> Self {
-        let binary = tansu_binary();
+    /// The test binary's shared broker, started on first use, leased to one test at a
+    /// time (the lease serialises the tests that use it) and emptied of every topic at
+    /// the start of each lease, so a test sees what a fresh broker shows. For tests that
+    /// neither stop nor pause the broker; fault tests take [`KafkaBroker::start`].
+    pub fn shared() -> SharedBroker {
+        static SHARED: OnceLock<Mutex<KafkaBroker>> = OnceLock::new();
+        let broker = SHARED.get_or_init(|| Mutex::new(KafkaBroker::start()));
+        // A test that panicked while holding the lease leaves the broker as it was;
+        // the next lease empties it anyway.
+        let guard = broker.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(
+            guard.is_running(),
+            "the shared Kafka broker has exited; log tail:\n{}",
+            guard.log_tail()
+        );
+        delete_all_topics(&guard.bootstrap());
+        SharedBroker(guard)
+    }
+
+    fn start_with(advertised_port: Option<u16>, on_listen_port: &mut dyn FnMut(u16)) -> Self {
+        let libs = kafka_libs_dir();
         let dir = tempfile::Builder::new()
-            .prefix("outbox-relay-tansu-")
+            .prefix("outbox-relay-kafka-")
             .tempdir()
-            .expect("creating tansu temp dir");
-        let mut broker = TansuBroker {
+            .expect("creating the Kafka broker's temp dir");
+        let mut broker = KafkaBroker {
             process: None,
+            watchdog: None,
             port: 0,
+            controller_port: 0,
             advertised_port,
-            storage,
-            binary,
             earlier_log: String::new(),
             dir,
         };
+        std::fs::write(broker.dir.path().join("log4j2.properties"), log4j_config())
+            .expect("writing log4j2.properties");
         for attempt in 1..=PORT_ATTEMPTS {
             broker.port = free_port();
+            broker.controller_port = free_port();
             on_listen_port(broker.port);
-            broker.spawn();
+            broker.write_server_properties();
+            if attempt == 1 {
+                broker.format_storage(&libs);
+            }
+            broker.spawn(&libs);
             match broker.wait_ready() {
                 Ok(()) => return broker,
                 Err(status) if attempt < PORT_ATTEMPTS => {
                     eprintln!(
-                        "tansu exited during startup ({status}) on port {}, retrying with \
-                         another port",
+                        "kafka exited during startup ({status}) on port {}, retrying with \
+                         other ports",
                         broker.port
                     );
                     broker.retire_process();
                 }
                 Err(status) => panic!(
-                    "tansu exited during startup ({status}); log tail:\n{}",
+                    "kafka exited during startup ({status}); log tail:\n{}",
                     broker.log_tail()
                 ),
             }
@@ -163,7 +176,7 @@ impl TansuBroker {
         self.port
     }
 
-    /// The broker's working directory (holds `broker.db` for sqlite storage).
+    /// The broker's temp dir (`data/` is its log directory).
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
@@ -177,16 +190,26 @@ impl TansuBroker {
         self.process().pause();
     }
 
-    /// SIGCONT after [`TansuBroker::pause`].
+    /// SIGCONT after [`KafkaBroker::pause`].
     pub fn resume(&self) {
         self.process().resume();
     }
 
-    /// SIGKILL, and waits until the process is reaped. With memory storage everything
-    /// is lost; with sqlite storage `restart()` brings the data back.
+    /// SIGKILL, and waits until the process is reaped. The log directory stays:
+    /// `restart()` brings back everything the broker acknowledged.
     pub fn kill9(&self) {
         let process = self.process();
+        process.resume();
         process.kill9();
+        process.wait_exit(EXIT_TIMEOUT);
+    }
+
+    /// SIGTERM (a controlled shutdown: the broker flushes and closes its logs), and
+    /// waits until it has exited.
+    pub fn stop(&self) {
+        let process = self.process();
+        process.resume();
+        process.sigterm();
         process.wait_exit(EXIT_TIMEOUT);
     }
 
@@ -197,18 +220,17 @@ impl TansuBroker {
     }
 
     /// Kills the broker if it still runs (SIGCONT first, in case it is paused), then
-    /// starts it again on the same port, with the same working directory and storage,
-    /// and waits until it answers.
+    /// starts it again on the same ports with the same log directory, and waits until
+    /// it answers.
     pub fn restart(&mut self) {
         if self.is_running() {
-            self.resume();
             self.kill9();
         }
         self.retire_process();
-        self.spawn();
+        self.spawn(&kafka_libs_dir());
         if let Err(status) = self.wait_ready() {
             panic!(
-                "restarted tansu exited during startup ({status}) on port {}; log tail:\n{}",
+                "restarted kafka exited during startup ({status}) on port {}; log tail:\n{}",
                 self.port,
                 self.log_tail()
             );
@@ -226,38 +248,106 @@ impl TansuBroker {
     }
 
     fn process(&self) -> &ChildProcess {
-        self.process.as_ref().expect("tansu process is running")
+        self.process.as_ref().expect("kafka process is running")
     }
 
-    fn spawn(&mut self) {
-        let listener = format!("tcp://127.0.0.1:{}", self.port);
-        let advertised = format!(
-            "tcp://127.0.0.1:{}",
-            self.advertised_port.unwrap_or(self.port)
+    fn write_server_properties(&self) {
+        let advertised = self.advertised_port.unwrap_or(self.port);
+        let log_dir = self.dir.path().join("data");
+        let properties = format!(
+            "# Generated by tests/support/kafka.rs: one combined broker and controller.\n\
+             process.roles=broker,controller\n\
+             node.id=1\n\
+             controller.quorum.voters=1@127.0.0.1:{controller}\n\
+             listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}\n\
+             advertised.listeners=PLAINTEXT://127.0.0.1:{advertised}\n\
+             controller.listener.names=CONTROLLER\n\
+             inter.broker.listener.name=PLAINTEXT\n\
+             listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
+             log.dirs={log_dir}\n\
+             # As in production: topics exist only when someone creates them.\n\
+             auto.create.topics.enable=false\n\
+             num.partitions=1\n\
+             default.replication.factor=1\n\
+             min.insync.replicas=1\n\
+             offsets.topic.replication.factor=1\n\
+             offsets.topic.num.partitions=1\n\
+             transaction.state.log.replication.factor=1\n\
+             transaction.state.log.min.isr=1\n\
+             transaction.state.log.num.partitions=1\n\
+             share.coordinator.state.topic.replication.factor=1\n\
+             share.coordinator.state.topic.min.isr=1\n\
+             group.initial.rebalance.delay.ms=0\n\
+             # A restarted broker re-registers once the controller has fenced the old\n\
+             # incarnation: a short session makes a kill -9 + restart take seconds, not 12.\n\
+             broker.session.timeout.ms=2000\n\
+             broker.heartbeat.interval.ms=500\n\
+             # Small segments and indexes: tests write little, and many brokers share a disk.\n\
+             log.segment.bytes=16777216\n\
+             log.index.size.max.bytes=1048576\n",
+            port = self.port,
+            controller = self.controller_port,
+            log_dir = log_dir.display(),
         );
-        let mut command = Command::new(&self.binary);
+        std::fs::write(self.dir.path().join("server.properties"), properties)
+            .expect("writing server.properties");
+    }
+
+    /// `kafka.tools.StorageTool format`: writes `meta.properties` and the bootstrap
+    /// metadata into the log directory (KRaft refuses to start on an unformatted one).
+    fn format_storage(&self, libs: &Path) {
+        let mut command = java_command(libs, self.dir.path());
         command
-            .arg("broker")
-            .args(["--listener-url", &listener])
-            .args(["--advertised-listener-url", &advertised])
-            .args(["--storage-engine", self.storage.url()])
-            .current_dir(self.dir.path())
-            .env("RUST_LOG", broker_log_filter());
-        self.process = Some(ChildProcess::spawn("tansu", command));
+            .arg("kafka.tools.StorageTool")
+            .args(["format", "--ignore-formatted", "-t", CLUSTER_ID, "-c"])
+            .arg(self.dir.path().join("server.properties"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|err| panic!("spawning Kafka's storage tool ({command:?}): {err}"));
+        let status = wait_child(&mut child, FORMAT_TIMEOUT).unwrap_or_else(|| {
+            let _ = child.kill();
+            panic!("Kafka's storage tool did not finish within {FORMAT_TIMEOUT:?}")
+        });
+        if !status.success() {
+            let output = child
+                .wait_with_output()
+                .expect("reading storage tool output");
+            panic!(
+                "formatting the Kafka log directory failed ({status}):\n{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+
+    fn spawn(&mut self, libs: &Path) {
+        let mut command = java_command(libs, self.dir.path());
+        command
+            .arg("kafka.Kafka")
+            .arg(self.dir.path().join("server.properties"));
+        let process = ChildProcess::spawn("kafka", command);
+        self.watchdog = Some(Watchdog::start(process.pid()));
+        self.process = Some(process);
     }
 
     /// Kills and reaps the current process (if any), keeping its output for `log_tail`.
     fn retire_process(&mut self) {
         if let Some(process) = self.process.take() {
+            process.resume();
             process.kill9();
             process.wait_exit(EXIT_TIMEOUT);
             self.earlier_log.push_str(&process_log(&process));
             self.earlier_log.push_str("--- (broker restarted) ---\n");
         }
+        self.watchdog.take();
     }
 
-    /// Waits until the broker accepts TCP connections and answers a metadata request.
-    /// `Err(exit status)` when the process exits first; panics on timeout.
+    /// Waits until the broker accepts TCP connections and answers a metadata request
+    /// that lists a broker (it has registered with its controller). `Err(exit status)`
+    /// when the process exits first; panics on timeout.
     fn wait_ready(&self) -> Result<(), std::process::ExitStatus> {
         let started = Instant::now();
         let process = self.process();
@@ -289,14 +379,23 @@ impl TansuBroker {
             }
         });
         match answered {
-            Some(result) => result,
+            Some(Ok(())) => {
+                eprintln!(
+                    "kafka on {} ready in {:.1?} (pid {})",
+                    self.bootstrap(),
+                    started.elapsed(),
+                    process.pid()
+                );
+                Ok(())
+            }
+            Some(Err(status)) => Err(status),
             None => self.panic_not_ready(started),
         }
     }
 
     fn panic_not_ready(&self, started: Instant) -> ! {
         panic!(
-            "tansu on {} did not answer a metadata request within {:?}; log tail:\n{}",
+            "kafka on {} did not answer a metadata request within {:?}; log tail:\n{}",
             self.bootstrap(),
             started.elapsed(),
             self.log_tail()
@@ -304,11 +403,95 @@ impl TansuBroker {
     }
 }
 
-impl Drop for TansuBroker {
+impl Drop for KafkaBroker {
     fn drop(&mut self) {
         // A paused process still dies on SIGKILL; ChildProcess kills and reaps it.
         self.process.take();
+        self.watchdog.take();
     }
+}
+
+/// A lease on the shared broker (see [`KafkaBroker::shared`]); derefs to the broker.
+pub struct SharedBroker(MutexGuard<'static, KafkaBroker>);
+
+impl std::ops::Deref for SharedBroker {
+    type Target = KafkaBroker;
+
+    fn deref(&self) -> &KafkaBroker {
+        &self.0
+    }
+}
+
+/// `sh -c 'read _; kill -9 PID'` with its stdin a pipe from the test process: when the
+/// test process exits (normally, by panic, or killed), the pipe closes and the JVM dies
+/// with it. Dropping the watchdog (the broker was retired the ordinary way) kills the
+/// shell.
+struct Watchdog(Child);
+
+impl Watchdog {
+    fn start(pid: u32) -> Self {
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("read _ignored; kill -9 {pid} 2>/dev/null"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning the Kafka broker's watchdog shell");
+        Watchdog(child)
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = wait_child(&mut self.0, Duration::from_secs(5));
+    }
+}
+
+/// `java` (from `$JAVA_HOME` when set) with the broker's class path, heap bound and
+/// logging configuration, its working directory `dir`.
+fn java_command(libs: &Path, dir: &Path) -> Command {
+    let java = std::env::var_os("JAVA_HOME")
+        .map(|home| PathBuf::from(home).join("bin/java"))
+        .filter(|java| java.is_file())
+        .unwrap_or_else(|| PathBuf::from("java"));
+    let mut command = Command::new(java);
+    command
+        .arg(HEAP)
+        .arg("-Xms64m")
+        // One core's worth of GC and JIT threads: the machine has two, shared with
+        // PostgreSQL, the relay and the test.
+        .arg("-XX:+UseSerialGC")
+        .arg("-XX:CICompilerCount=2")
+        .arg("-Djava.awt.headless=true")
+        .arg(format!(
+            "-Dlog4j2.configurationFile={}",
+            dir.join("log4j2.properties").display()
+        ))
+        .arg("-cp")
+        .arg(format!("{}/*", libs.display()))
+        .current_dir(dir);
+    command
+}
+
+/// Logs warnings and errors (to stdout, which the harness captures); `KAFKA_TEST_LOG`
+/// raises the level of Kafka's own loggers.
+fn log4j_config() -> String {
+    let level = std::env::var(KAFKA_TEST_LOG_ENV).unwrap_or_else(|_| "warn".to_owned());
+    format!(
+        "status = warn\n\
+         appender.out.type = Console\n\
+         appender.out.name = OUT\n\
+         appender.out.layout.type = PatternLayout\n\
+         appender.out.layout.pattern = [%d{{HH:mm:ss,SSS}}] %p %m (%c)%n\n\
+         rootLogger.level = warn\n\
+         rootLogger.appenderRef.out.ref = OUT\n\
+         logger.kafka.name = kafka\n\
+         logger.kafka.level = {level}\n\
+         logger.apache.name = org.apache.kafka\n\
+         logger.apache.level = {level}\n"
+    )
 }
 
 fn process_log(process: &ChildProcess) -> String {
@@ -320,40 +503,43 @@ fn process_log(process: &ChildProcess) -> String {
     log
 }
 
-fn broker_log_filter() -> String {
-    std::env::var(TANSU_TEST_LOG_ENV).unwrap_or_else(|_| "warn".to_owned())
+/// The Kafka version `deploy/kafka/pom.xml` pins (`<kafka.version>`).
+pub fn kafka_version() -> String {
+    let pom = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kafka/pom.xml");
+    let text = std::fs::read_to_string(&pom)
+        .unwrap_or_else(|err| panic!("reading {}: {err}", pom.display()));
+    text.split("<kafka.version>")
+        .nth(1)
+        .and_then(|rest| rest.split("</kafka.version>").next())
+        .map(|version| version.trim().to_owned())
+        .unwrap_or_else(|| panic!("{} has no <kafka.version>", pom.display()))
 }
 
-/// The tansu binary: `$TANSU_BIN`, else `tansu` on `PATH`, else `$CARGO_HOME/bin` or
-/// `~/.cargo/bin`. Panics with the install command when there is none.
-pub fn tansu_binary() -> PathBuf {
-    if let Some(bin) = std::env::var_os(TANSU_BIN_ENV) {
-        let bin = PathBuf::from(bin);
-        assert!(
-            is_executable(&bin),
-            "{TANSU_BIN_ENV}={} is not an executable file; {INSTALL_HINT}",
-            bin.display()
-        );
-        return bin;
-    }
-    let on_path = std::env::var_os("PATH")
-        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .unwrap_or_default();
-    let cargo_bins = [
-        std::env::var_os("CARGO_HOME").map(|home| PathBuf::from(home).join("bin")),
-        std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo/bin")),
-    ];
-    on_path
-        .into_iter()
-        .chain(cargo_bins.into_iter().flatten())
-        .map(|dir| dir.join("tansu"))
-        .find(|bin| is_executable(bin))
-        .unwrap_or_else(|| panic!("the tansu broker is not installed; {INSTALL_HINT}"))
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+/// Where the broker's jars are: `$OUTBOX_RELAY_KAFKA_LIBS`, else
+/// `${XDG_CACHE_HOME:-~/.cache}/outbox-relay/kafka-<version>/libs` (as in
+/// `deploy/lib.sh`). Panics with the install hint when the broker's jar is not there.
+pub fn kafka_libs_dir() -> PathBuf {
+    let dir = match std::env::var_os(KAFKA_LIBS_ENV) {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .expect("HOME or XDG_CACHE_HOME is set");
+            cache
+                .join("outbox-relay")
+                .join(format!("kafka-{}", kafka_version()))
+                .join("libs")
+        }
+    };
+    let broker_jar = dir.join(format!("kafka_2.13-{}.jar", kafka_version()));
+    assert!(
+        broker_jar.is_file(),
+        "Apache Kafka's jars are not in {} (no {}); {INSTALL_HINT}",
+        dir.display(),
+        broker_jar.display()
+    );
+    dir
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.

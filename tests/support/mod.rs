@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! PgCluster      throwaway PostgreSQL (initdb + postgres on a free port, temp dir)
+//! KafkaBroker    throwaway Apache Kafka (KRaft, one JVM, free ports, temp dir)
 //! RelayProcess   the outbox-relay binary, stdout lines and stderr captured
 //! ChildProcess   any captured child process (RelayProcess derefs to it)
 //! wait_until     poll a condition every 50 ms until a deadline
@@ -21,8 +22,8 @@ pub mod relay;
 pub mod wait;
 
 pub use kafka::{
-    consume, create_topic, list_topics, produce, produce_records, try_produce_records, Delivered,
-    OutgoingRecord, Record, TansuBroker,
+    consume, create_topic, list_topics, produce, produce_records, read_all, try_produce_records,
+    Delivered, KafkaBroker, OutgoingRecord, Record, SharedBroker,
 };
 pub use pg::{lsn_to_u64, query_lsn, u64_to_lsn, PgCluster, PgOptions};
 pub use process::ChildProcess;

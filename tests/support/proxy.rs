@@ -23,7 +23,7 @@
 //! `cut()` closes it. A connection accepted during the blackhole that sent nothing yet
 //! is connected upstream when the blackhole ends (like a SYN retry that succeeds).
 //!
-//! `TansuBroker::start_behind_proxy()` puts a proxy in front of a broker: Kafka clients
+//! `KafkaBroker::start_behind_proxy()` puts a proxy in front of a broker: Kafka clients
 //! connect to the broker's *advertised* address, so the broker advertises the proxy's
 //! port while it listens on its own.
 
@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::kafka::TansuBroker;
+use super::kafka::KafkaBroker;
 
 /// Deadline for connecting to the upstream server.
 const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -203,18 +203,18 @@ impl Drop for FaultProxy {
     }
 }
 
-impl TansuBroker {
-    /// A memory-storage broker with a [`FaultProxy`] in front of it: the broker listens
+impl KafkaBroker {
+    /// A fresh broker with a [`FaultProxy`] in front of it: the broker listens
     /// on its own port and advertises the proxy's, so every client connection after
     /// bootstrap goes through the proxy. Bootstrap clients on `proxy.addr()` to route
     /// the bootstrap connection through it too.
-    pub fn start_behind_proxy() -> (TansuBroker, FaultProxy) {
+    pub fn start_behind_proxy() -> (KafkaBroker, FaultProxy) {
         let listener =
             TcpListener::bind("127.0.0.1:0").expect("binding the broker proxy on 127.0.0.1:0");
         // The proxy runs before the broker does: the broker's readiness check may
         // already be sent to the advertised port.
         let proxy = FaultProxy::start_routed(listener, None);
-        let broker = TansuBroker::start_advertising(proxy.port(), |port| {
+        let broker = KafkaBroker::start_advertising(proxy.port(), |port| {
             proxy.set_upstream(SocketAddr::from(([127, 0, 0, 1], port)));
         });
         (broker, proxy)

@@ -4,7 +4,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use super::super::kafka::TansuBroker;
+use super::super::kafka::KafkaBroker;
 use super::super::proxy::FaultProxy;
 use super::super::PgCluster;
 use super::rng::Rng;
@@ -19,15 +19,17 @@ pub enum Fault {
     PgRestartFast,
     PgRestartImmediate,
     BrokerPause,
+    BrokerKill9,
     PgLinkCut,
     BrokerLinkCut,
 }
 
-const ALL_FAULTS: [Fault; 6] = [
+const ALL_FAULTS: [Fault; 7] = [
     Fault::RelayKill9,
     Fault::PgRestartFast,
     Fault::PgRestartImmediate,
     Fault::BrokerPause,
+    Fault::BrokerKill9,
     Fault::PgLinkCut,
     Fault::BrokerLinkCut,
 ];
@@ -39,6 +41,7 @@ impl Fault {
             Fault::PgRestartFast => "postgres restart (fast)",
             Fault::PgRestartImmediate => "postgres restart (immediate)",
             Fault::BrokerPause => "broker paused",
+            Fault::BrokerKill9 => "broker kill -9",
             Fault::PgLinkCut => "postgres link cut",
             Fault::BrokerLinkCut => "broker link cut",
         }
@@ -46,7 +49,7 @@ impl Fault {
 }
 
 /// `count` faults at sorted random offsets within the window; kinds come in shuffled
-/// rounds of all six, so every kind occurs once `count >= 6`.
+/// rounds of all seven, so every kind occurs once `count >= 7`.
 pub fn schedule(rng: &mut Rng, count: usize, window: Duration) -> Vec<(Duration, Fault)> {
     let window_ms = u64::try_from(window.as_millis()).expect("window fits in u64 ms");
     let mut times: Vec<Duration> = (0..count)
@@ -69,7 +72,7 @@ pub fn schedule(rng: &mut Rng, count: usize, window: Duration) -> Vec<(Duration,
 pub struct Rig {
     pub pg: PgCluster,
     pub pg_proxy: FaultProxy,
-    pub broker: TansuBroker,
+    pub broker: KafkaBroker,
     pub broker_proxy: FaultProxy,
     pub relay: Supervisor,
     /// Harness-side trouble worth reporting (e.g. a fast shutdown that hung).
@@ -120,6 +123,14 @@ impl Rig {
                 self.relay.watch_for(paused);
                 self.broker.resume();
                 format!("for {paused:?}")
+            }
+            Fault::BrokerKill9 => {
+                // The broker restarts on its log directory: what it acknowledged stays.
+                let down = rng.millis(500, 5_000);
+                self.broker.kill9();
+                self.relay.watch_for(down);
+                self.broker.restart();
+                format!("down {down:?}")
             }
             Fault::PgLinkCut => cut_when_connected(&mut self.relay, &self.pg_proxy),
             Fault::BrokerLinkCut => cut_when_connected(&mut self.relay, &self.broker_proxy),

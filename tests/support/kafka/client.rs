@@ -1,8 +1,7 @@
-//! Blocking Kafka client helpers for tests: topics (admin + metadata), a reader that
-//! copes with tansu's unreliable end offsets, and a small producer that waits for its
-//! delivery reports. Re-exported by `support::kafka`.
+//! Blocking Kafka client helpers for tests: topics (admin + metadata), a reader that reads
+//! exactly up to the partitions' high watermarks, and a small producer that waits for
+//! its delivery reports. Re-exported by `support::kafka`.
 
-use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -176,79 +175,182 @@ impl Record {
     }
 }
 
-/// Reads `topics` from offset 0 of every partition until it has at least `expected`
-/// records and then nothing new arrives for `idle` (so duplicates beyond `expected` are
-/// returned too), or until `deadline` has passed since the call. Never panics on a
-/// missing topic: topics created after the call are picked up (metadata is re-read
-/// until each topic has partitions). Records come in arrival order, which within a
-/// partition is offset order.
-pub fn consume(
-    bootstrap: &str,
+/// How long [`consume`] may take to read records the broker already reported (its high
+/// watermarks): they exist, so failing to read them is a harness or broker failure.
+const READ_BACK_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One partition's offsets as the broker reported them: records `low..high` exist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionOffsets {
+    pub topic: String,
+    pub partition: i32,
+    pub low: i64,
+    pub high: i64,
+}
+
+/// Low and high watermarks of every partition of `topics` that exists (a missing topic
+/// contributes nothing). `None` when the broker did not answer.
+pub fn watermarks(
+    client: &BaseConsumer,
     topics: &[&str],
-    expected: usize,
-    idle: Duration,
-    deadline: Duration,
-) -> Vec<Record> {
-    let started = Instant::now();
-    let end = started + deadline;
+    timeout: Duration,
+) -> Option<Vec<PartitionOffsets>> {
+    let mut offsets = Vec::new();
+    for topic in topics {
+        for partition in topic_partitions(client, topic, timeout) {
+            let (low, high) = client.fetch_watermarks(topic, partition, timeout).ok()?;
+            offsets.push(PartitionOffsets {
+                topic: (*topic).to_owned(),
+                partition,
+                low,
+                high,
+            });
+        }
+    }
+    Some(offsets)
+}
+
+fn reader(bootstrap: &str) -> BaseConsumer {
     // Partitions are assigned by hand: the group is never joined and nothing is
-    // committed (librdkafka still wants a group.id for any assignment), and no offset
-    // lookup (ListOffsets) is needed because reading starts at offset 0.
-    let consumer: BaseConsumer = base_config(bootstrap)
+    // committed (librdkafka still wants a group.id for any assignment).
+    base_config(bootstrap)
         .set("group.id", unique_group_id())
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
         .set("auto.offset.reset", "earliest")
         .set("fetch.wait.max.ms", "100")
         .set("isolation.level", "read_uncommitted")
         .create()
-        .unwrap_or_else(|err| panic!("creating a Kafka consumer for {bootstrap}: {err}"));
+        .unwrap_or_else(|err| panic!("creating a Kafka consumer for {bootstrap}: {err}"))
+}
 
-    let mut assigned: BTreeSet<(String, i32)> = BTreeSet::new();
-    let mut pending_topics: Vec<&str> = topics.to_vec();
-    let mut next_refresh = started;
-    let mut records: Vec<Record> = Vec::new();
-    let mut last_new = started;
+/// Waits (at most `deadline`) until `topics` hold at least `expected` records in all, by
+/// their partitions' watermarks, then reads every partition from its low watermark up to
+/// the high watermark seen at that moment: an exact set, duplicates included, nothing
+/// that arrives later. When `deadline` passes first, reads what is there, so the
+/// caller's assertions show what is missing. Topics that do not exist (yet) count as
+/// empty. Records come per partition in offset order.
+pub fn consume(
+    bootstrap: &str,
+    topics: &[&str],
+    expected: usize,
+    deadline: Duration,
+) -> Vec<Record> {
+    let client = reader(bootstrap);
+    let end = Instant::now() + deadline;
+    let mut snapshot: Vec<PartitionOffsets> = Vec::new();
     loop {
         let now = Instant::now();
-        if now >= end || (records.len() >= expected && now.duration_since(last_new) >= idle) {
-            break;
-        }
-        if !pending_topics.is_empty() && now >= next_refresh {
-            let timeout = METADATA_REFRESH.min(end - now);
-            let mut new_partitions = TopicPartitionList::new();
-            pending_topics.retain(|topic| {
-                let partitions = topic_partitions(&consumer, topic, timeout);
-                for &partition in &partitions {
-                    if assigned.insert(((*topic).to_owned(), partition)) {
-                        new_partitions
-                            .add_partition_offset(topic, partition, Offset::Offset(0))
-                            .expect("offset 0 is valid");
-                    }
-                }
-                partitions.is_empty()
-            });
-            if new_partitions.count() > 0 {
-                consumer
-                    .incremental_assign(&new_partitions)
-                    .unwrap_or_else(|err| panic!("assigning {new_partitions:?}: {err}"));
+        let timeout = METADATA_TIMEOUT
+            .min(end.saturating_duration_since(now))
+            .max(Duration::from_millis(500));
+        if let Some(offsets) = watermarks(&client, topics, timeout) {
+            let held: i64 = offsets.iter().map(|p| p.high - p.low).sum();
+            snapshot = offsets;
+            if usize::try_from(held).unwrap_or(0) >= expected {
+                break;
             }
-            next_refresh = Instant::now() + METADATA_REFRESH;
         }
-        let now = Instant::now();
-        if now >= end {
+        if Instant::now() >= end {
             break;
         }
-        match consumer.poll((end - now).min(Duration::from_millis(100))) {
+        std::thread::sleep(
+            Duration::from_millis(100).min(end.saturating_duration_since(Instant::now())),
+        );
+    }
+    read_range(&client, bootstrap, &snapshot)
+}
+
+/// Everything `topics` hold right now (up to their current high watermarks).
+pub fn read_all(bootstrap: &str, topics: &[&str]) -> Vec<Record> {
+    consume(bootstrap, topics, 0, Duration::ZERO)
+}
+
+/// Reads each partition's `low..high` records.
+fn read_range(client: &BaseConsumer, bootstrap: &str, ranges: &[PartitionOffsets]) -> Vec<Record> {
+    let mut assignment = TopicPartitionList::new();
+    let mut remaining: std::collections::BTreeMap<(String, i32), i64> = Default::default();
+    for range in ranges.iter().filter(|r| r.high > r.low) {
+        assignment
+            .add_partition_offset(&range.topic, range.partition, Offset::Offset(range.low))
+            .expect("a valid offset");
+        remaining.insert((range.topic.clone(), range.partition), range.high);
+    }
+    let mut records = Vec::new();
+    if remaining.is_empty() {
+        return records;
+    }
+    client
+        .assign(&assignment)
+        .unwrap_or_else(|err| panic!("assigning {assignment:?}: {err}"));
+    let end = Instant::now() + READ_BACK_TIMEOUT;
+    while !remaining.is_empty() {
+        let now = Instant::now();
+        assert!(
+            now < end,
+            "reading back from {bootstrap}: partitions {remaining:?} did not reach their high \
+             watermarks within {READ_BACK_TIMEOUT:?} ({} records read)",
+            records.len()
+        );
+        match client.poll((end - now).min(Duration::from_millis(200))) {
             Some(Ok(message)) => {
+                let key = (message.topic().to_owned(), message.partition());
+                let Some(&high) = remaining.get(&key) else {
+                    continue;
+                };
+                if message.offset() >= high {
+                    continue;
+                }
+                if message.offset() + 1 >= high {
+                    remaining.remove(&key);
+                }
                 records.push(Record::from_message(&message));
-                last_new = Instant::now();
             }
             Some(Err(err)) => eprintln!("[consume] {bootstrap}: {err}"),
             None => {}
         }
     }
     records
+}
+
+/// Deletes every topic that is not internal (`__…`) and waits until metadata lists none
+/// of them: the shared broker looks fresh to the next test.
+pub fn delete_all_topics(bootstrap: &str) {
+    let names: Vec<String> = list_topics(bootstrap)
+        .into_iter()
+        .filter(|name| !name.starts_with("__"))
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    let admin: AdminClient<DefaultClientContext> = base_config(bootstrap)
+        .create()
+        .unwrap_or_else(|err| panic!("creating a Kafka admin client for {bootstrap}: {err}"));
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let options = AdminOptions::new()
+        .request_timeout(Some(CREATE_TOPIC_TIMEOUT))
+        .operation_timeout(Some(CREATE_TOPIC_TIMEOUT));
+    let results = block_on(admin.delete_topics(&refs, &options))
+        .unwrap_or_else(|err| panic!("deleting topics {names:?} on {bootstrap}: {err}"));
+    for result in results {
+        if let Err((topic, code)) = result {
+            if code != RDKafkaErrorCode::UnknownTopicOrPartition {
+                panic!("deleting topic {topic:?} on {bootstrap}: {code}");
+            }
+        }
+    }
+    let gone = poll_until(CREATE_TOPIC_TIMEOUT, || {
+        let left: Vec<String> = list_topics(bootstrap)
+            .into_iter()
+            .filter(|name| names.contains(name))
+            .collect();
+        left.is_empty().then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "topics {names:?} deleted on {bootstrap} but still listed after {CREATE_TOPIC_TIMEOUT:?}"
+    );
 }
 
 /// A group id no other consumer uses: `outbox-relay-test-<pid>-<counter>`.
