@@ -202,6 +202,39 @@ fn sigterm_acknowledges_end_lsn_so_a_restart_prints_only_new_rows() {
     }
 }
 
+/// With the default 10 s status interval, the slot follows delivery within a fraction of
+/// a second (a status update goes out soon after the acknowledged position moves), so a
+/// `kill -9` right after delivery replays nothing.
+#[test]
+fn acknowledged_promptly_so_kill_9_after_delivery_replays_nothing() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_relay(&pg);
+    let mut client = pg.client_db("app");
+    for round in 0..3 {
+        for n in 0..20 {
+            client
+                .execute(
+                    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('prompt', $1, 'X', '{}')",
+                    &[&format!("{round}-{n}")],
+                )
+                .unwrap();
+        }
+        let after_commits = pg.current_wal_lsn();
+        relay.wait_for_lines((round + 1) * 20, WAIT);
+        // Well under the 10 s status timer: only a prompt update can do this.
+        support::wait_until(
+            "the slot is acknowledged past the delivered transactions within 2 s",
+            Duration::from_secs(2),
+            || pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= after_commits,
+        );
+    }
+    relay.kill9();
+    relay.wait_exit(WAIT);
+    let relay = RelayProcess::start(&config(&pg.url("postgres", None, "app")));
+    let lines = sentinel(&pg, &relay, 0);
+    assert_eq!(lines.len(), 1, "nothing replayed after kill -9: {lines:?}");
+}
+
 #[test]
 fn idle_outbox_does_not_hold_back_wal_of_other_tables() {
     let pg = cluster_with_outbox(PgOptions::default());

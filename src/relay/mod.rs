@@ -4,6 +4,7 @@
 pub mod ack;
 pub mod backoff;
 pub mod deadletter;
+pub mod feedback;
 pub mod pipeline;
 pub mod router;
 pub mod run;

@@ -4,7 +4,9 @@
 //! One `biased` select, priorities in order:
 //! 1. shutdown: stop reading, drain in-flight deliveries (bounded), final status update;
 //! 2. sink notices: they free in-flight room and move the flush LSN;
-//! 3. the status timer: keeps the walsender alive even while reading is paused;
+//! 3. the status timer: keeps the walsender alive even while reading is paused, and a
+//!    deferred update when the acknowledged position moved within the last
+//!    [`PROMPT_ACK_GAP`](crate::relay::feedback::PROMPT_ACK_GAP);
 //! 4. new input from PostgreSQL, only while fewer than `max_in_flight` events are
 //!    undelivered and nothing waits for producer queue room (backpressure by not
 //!    reading).
@@ -27,6 +29,7 @@ use crate::pg::replication::{ReplicationFrame, StandbyStatusUpdate};
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
 use crate::relay::deadletter::DeadLetter;
+use crate::relay::feedback::{feedback, Feedback};
 use crate::relay::router::OutboxEvent;
 use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
 use crate::relay::RelayError;
@@ -131,6 +134,11 @@ pub(super) struct Pipeline {
     pub(super) receive_timeout: Duration,
     pub(super) stall_release: Duration,
     pub(super) metrics: Arc<Metrics>,
+    /// When the last status update went out, and the flush position it carried.
+    pub(super) last_status_at: Instant,
+    pub(super) last_reported: Lsn,
+    /// A status update owed for a moved position, due at this instant.
+    pub(super) status_due: Option<tokio::time::Instant>,
 }
 
 impl Pipeline {
@@ -157,6 +165,11 @@ impl Pipeline {
                     }
                     self.on_notice(notice)?;
                     self.retry_stalled()?;
+                    self.report_progress_promptly().await?;
+                }
+                () = sleep_until_due(self.status_due), if self.status_due.is_some() => {
+                    self.status_due = None;
+                    self.send_status(false).await?;
                 }
                 _ = timer.tick() => {
                     self.retry_stalled()?;
@@ -183,6 +196,28 @@ impl Pipeline {
                 }
             }
         }
+    }
+
+    /// After a delivery report: when it moved the acknowledged position, send a status
+    /// update now, or once [`PROMPT_ACK_GAP`](crate::relay::feedback::PROMPT_ACK_GAP) has
+    /// passed since the last one.
+    async fn report_progress_promptly(&mut self) -> Result<(), RelayError> {
+        let flush = self.tracker.flush_lsn();
+        match feedback(
+            flush,
+            self.last_reported,
+            self.last_status_at,
+            Instant::now(),
+        ) {
+            Feedback::Idle => {}
+            Feedback::SendNow => self.send_status(false).await?,
+            Feedback::SendAt(due) => {
+                if self.status_due.is_none() {
+                    self.status_due = Some(tokio::time::Instant::from_std(due));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Called on every status tick. Fails when PostgreSQL went silent although asked to
@@ -420,6 +455,10 @@ impl Pipeline {
         };
         tracing::debug!(write = %update.write, flush = %flush, "status update");
         self.conn.send_status(&update).await?;
+        self.last_status_at = Instant::now();
+        self.last_reported = flush;
+        // This update carries everything acknowledged so far: nothing is owed.
+        self.status_due = None;
         Metrics::set(&self.metrics.flush_lsn, flush.0);
         Metrics::set(&self.metrics.received_lsn, update.write.0);
         Metrics::set(&self.metrics.in_flight, self.tracker.in_flight());
@@ -464,6 +503,14 @@ impl Pipeline {
             }
         }
         self.send_status(false).await
+    }
+}
+
+/// Resolves at `due` (never when there is none; the select guards that branch).
+async fn sleep_until_due(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
     }
 }
 

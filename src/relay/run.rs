@@ -209,6 +209,9 @@ async fn run_attempt(
         receive_timeout,
         stall_release: Duration::from_millis(config.relay.stall_release_ms),
         metrics: Arc::clone(metrics),
+        last_status_at: Instant::now(),
+        last_reported: prepared.slot_lsn,
+        status_due: None,
     };
     pipeline
         .stream(interval, &mut stop)
