@@ -28,6 +28,10 @@ pub struct PreparedSource {
     pub publication_created: bool,
     pub wal_sender_timeout: Option<Duration>,
     pub server_version: String,
+    /// The outbox table's relation id (`pg_class` OID): the stream names it by this.
+    pub outbox_oid: u32,
+    /// The outbox is a partitioned table (published through its root).
+    pub outbox_partitioned: bool,
 }
 
 /// A problem with the source that retrying will not fix.
@@ -74,7 +78,7 @@ pub async fn prepare(
     let table = &spec.table;
     let exists = conn
         .simple_query(&format!(
-            "SELECT c.relkind FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = {} AND c.relname = {}",
+            "SELECT c.oid, c.relkind FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = {} AND c.relname = {}",
             quote_literal(&table.schema),
             quote_literal(&table.name)
         ))
@@ -84,8 +88,37 @@ pub async fn prepare(
             "outbox table {table} does not exist in this database: create it (sql/outbox.sql has the default shape) or set [outbox] table to the right name"
         )));
     }
+    let outbox_oid: u32 = exists
+        .get(0, "oid")
+        .and_then(|oid| oid.parse().ok())
+        .ok_or_else(|| definite(format!("PostgreSQL returned no relation id for {table}")))?;
+    let relkind = exists.get(0, "relkind").unwrap_or_default();
+    let outbox_partitioned = match relkind {
+        "r" => false,
+        "p" => true,
+        other => {
+            return Err(definite(format!(
+                "{table} is not a table (pg_class.relkind {other:?}): the outbox must be a table or a partitioned table"
+            )))
+        }
+    };
+    if outbox_partitioned {
+        let version_num: u32 = conn
+            .simple_query("SHOW server_version_num")
+            .await?
+            .rows
+            .first()
+            .and_then(|r| r.first().cloned().flatten())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if version_num < 130_000 {
+            return Err(definite(format!(
+                "{table} is partitioned, and PostgreSQL {server_version} cannot publish a partitioned table's rows under its root's name (publish_via_partition_root needs PostgreSQL 13 or later): upgrade PostgreSQL, or use an unpartitioned outbox"
+            )));
+        }
+    }
 
-    let publication_created = ensure_publication(conn, spec).await?;
+    let publication_created = ensure_publication(conn, spec, outbox_partitioned).await?;
     let (slot_lsn, slot_created) = ensure_slot(conn, spec).await?;
 
     let timeout = conn.simple_query("SHOW wal_sender_timeout").await?;
@@ -103,26 +136,48 @@ pub async fn prepare(
         publication_created,
         wal_sender_timeout,
         server_version,
+        outbox_oid,
+        outbox_partitioned,
     })
+}
+
+/// The `CREATE PUBLICATION` the relay runs (and tells a user to run): inserts only and,
+/// for a partitioned outbox, rows published under the root's name so the stream names
+/// the outbox, not its partitions.
+pub fn create_publication_sql(spec: &SourceSpec, partitioned: bool) -> String {
+    let options = if partitioned {
+        "publish = 'insert', publish_via_partition_root = true"
+    } else {
+        "publish = 'insert'"
+    };
+    format!(
+        "CREATE PUBLICATION {} FOR TABLE {} WITH ({options})",
+        quote_ident(&spec.publication),
+        spec.table.quoted()
+    )
 }
 
 async fn ensure_publication(
     conn: &mut PgConnection,
     spec: &SourceSpec,
+    partitioned: bool,
 ) -> Result<bool, SetupError> {
     let publication = &spec.publication;
     let table = &spec.table;
+    // pubviaroot exists from PostgreSQL 13 on; a partitioned outbox needs 13 (checked
+    // before), an unpartitioned one does not care.
+    let via_root = if partitioned {
+        "pubviaroot"
+    } else {
+        "false AS pubviaroot"
+    };
     let found = conn
         .simple_query(&format!(
-            "SELECT pubinsert FROM pg_catalog.pg_publication WHERE pubname = {}",
+            "SELECT pubinsert, {via_root} FROM pg_catalog.pg_publication WHERE pubname = {}",
             quote_literal(publication)
         ))
         .await?;
-    let create = format!(
-        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
-        quote_ident(publication),
-        table.quoted()
-    );
+    let create = create_publication_sql(spec, partitioned);
     if found.rows.is_empty() {
         return match conn.simple_query(&create).await {
             Ok(_) => {
@@ -139,6 +194,12 @@ async fn ensure_publication(
     if found.get(0, "pubinsert") != Some("t") {
         return Err(definite(format!(
             "publication {publication:?} does not publish inserts: run ALTER PUBLICATION {} SET (publish = 'insert')",
+            quote_ident(publication)
+        )));
+    }
+    if partitioned && found.get(0, "pubviaroot") != Some("t") {
+        return Err(definite(format!(
+            "publication {publication:?} publishes the partitioned outbox {table} under its partitions' names, so the relay would not see its rows as events: run ALTER PUBLICATION {} SET (publish_via_partition_root = true), then restart the relay",
             quote_ident(publication)
         )));
     }

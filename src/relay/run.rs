@@ -169,6 +169,7 @@ async fn run_attempt(
         publication = %spec.publication,
         publication_created = prepared.publication_created,
         table = %spec.table,
+        table_partitioned = prepared.outbox_partitioned,
         start_lsn = %prepared.slot_lsn,
         "starting replication"
     );
@@ -197,7 +198,7 @@ async fn run_attempt(
         sink,
         notices,
         tracker: AckTracker::new(prepared.slot_lsn, 0),
-        assembler: TxnAssembler::new(router, settings.table.clone(), 0),
+        assembler: TxnAssembler::new(router, settings.table.clone(), prepared.outbox_oid, 0),
         max_in_flight: u64::try_from(config.relay.max_in_flight).unwrap_or(u64::MAX),
         dead_letter_topic,
         source_table: settings.table.to_string(),

@@ -73,6 +73,18 @@ pub enum AssemblyError {
         from: String,
         to: String,
     },
+    #[error("the stream carries a table named {table} with relation id {found}, but the outbox the relay started with is relation id {expected}: the outbox was dropped or renamed and replaced while the relay ran. Rows written to the new table before it joined the publication were not streamed: nothing after this point was acknowledged. Check the publication (it must publish the table the application writes to), re-send the rows written to the new table meanwhile (they stay in it unless deleted), then restart")]
+    OutboxReplaced {
+        table: String,
+        expected: u32,
+        found: u32,
+    },
+    #[error("the publication sends inserts of {table} (relation id {relation_id}), which is not the outbox table {outbox}: the relay cannot tell whether they hide outbox rows (a partition of the outbox published under its own name, or a table added to the relay's publication), so it stops without acknowledging them. For a partitioned outbox run ALTER PUBLICATION <publication> SET (publish_via_partition_root = true); otherwise remove the table from the relay's publication (ALTER PUBLICATION <publication> DROP TABLE {table}) and restart. PostgreSQL decodes rows with the publication as it was when they were written, so rows already written this way stop the relay again: re-send them from the outbox table, then move the slot past them with pg_replication_slot_advance")]
+    ForeignRelation {
+        table: String,
+        relation_id: u32,
+        outbox: String,
+    },
 }
 
 struct CachedRelation {
@@ -92,19 +104,26 @@ struct OpenTxn {
 }
 
 /// Begin..Commit assembly with a relation cache.
+///
+/// The outbox is known by its relation id (its `pg_class` OID, read when the relay
+/// started) and its name: a Relation message with the id under another name is a rename,
+/// the name under another id is a replaced table, and an insert into any other relation
+/// stops the relay (it could be outbox rows published under a partition's name).
 pub struct TxnAssembler {
     router: Router,
     table: QualifiedName,
+    outbox_oid: u32,
     relations: HashMap<u32, CachedRelation>,
     open: Option<OpenTxn>,
     next_seq: TxnSeq,
 }
 
 impl TxnAssembler {
-    pub fn new(router: Router, table: QualifiedName, first_seq: TxnSeq) -> Self {
+    pub fn new(router: Router, table: QualifiedName, outbox_oid: u32, first_seq: TxnSeq) -> Self {
         TxnAssembler {
             router,
             table,
+            outbox_oid,
             relations: HashMap::new(),
             open: None,
             next_seq: first_seq,
@@ -168,7 +187,11 @@ impl TxnAssembler {
                     .get(&relation_id)
                     .ok_or(AssemblyError::UnknownRelation { relation_id })?;
                 if !relation.is_outbox {
-                    return Ok(Step::Nothing);
+                    return Err(AssemblyError::ForeignRelation {
+                        table: relation.display_name.clone(),
+                        relation_id,
+                        outbox: self.table.to_string(),
+                    });
                 }
                 // Insert messages carry their record's position; fall back to the commit's.
                 let lsn = if wal_start.is_zero() {
@@ -232,15 +255,21 @@ impl TxnAssembler {
     }
 
     fn cache_relation(&mut self, body: RelationBody) -> Result<(), AssemblyError> {
-        let is_outbox = body.namespace == self.table.schema && body.name == self.table.name;
-        if let Some(previous) = self.relations.get(&body.relation_id) {
-            if previous.is_outbox && !is_outbox {
-                return Err(AssemblyError::OutboxRenamed {
-                    relation_id: body.relation_id,
-                    from: previous.display_name.clone(),
-                    to: format!("{}.{}", body.namespace, body.name),
-                });
-            }
+        let named_outbox = body.namespace == self.table.schema && body.name == self.table.name;
+        let is_outbox = body.relation_id == self.outbox_oid;
+        if is_outbox && !named_outbox {
+            return Err(AssemblyError::OutboxRenamed {
+                relation_id: body.relation_id,
+                from: self.table.to_string(),
+                to: format!("{}.{}", body.namespace, body.name),
+            });
+        }
+        if named_outbox && !is_outbox {
+            return Err(AssemblyError::OutboxReplaced {
+                table: self.table.to_string(),
+                expected: self.outbox_oid,
+                found: body.relation_id,
+            });
         }
         let cached = CachedRelation {
             is_outbox,
@@ -267,6 +296,7 @@ mod tests {
         TxnAssembler::new(
             Router::try_new(&OutboxConfig::default()).expect("default settings are valid"),
             QualifiedName::parse("public.outbox").unwrap(),
+            1,
             0,
         )
     }
@@ -349,10 +379,6 @@ mod tests {
             }
             other => panic!("expected an event, got {other:?}"),
         }
-        assert!(matches!(
-            a.apply(insert(2, &["x"]), Lsn(85)).unwrap(),
-            Step::Nothing
-        ));
         assert!(matches!(
             a.apply(commit(100), Lsn(100)).unwrap(),
             Step::Commit {
@@ -450,6 +476,44 @@ mod tests {
             message.contains("public.outbox_old") && message.contains("[outbox] table"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn an_insert_into_another_relation_stops_without_an_event() {
+        let mut a = assembler();
+        a.apply(relation(1, "outbox", &["id"]), Lsn(0)).unwrap();
+        // A partition published under its own name (publish_via_partition_root off).
+        a.apply(relation(5, "outbox_2026_12", &["id"]), Lsn(0))
+            .expect("a Relation message alone is fine");
+        a.apply(begin(), Lsn(0)).unwrap();
+        let err = a.apply(insert(5, &["e1"]), Lsn(10)).unwrap_err();
+        assert!(matches!(
+            err,
+            AssemblyError::ForeignRelation { relation_id: 5, .. }
+        ));
+        let message = err.to_string();
+        assert!(
+            message.contains("public.outbox_2026_12")
+                && message.contains("publish_via_partition_root = true")
+                && message.contains("DROP TABLE"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn the_outbox_name_under_another_relation_id_is_a_replaced_table() {
+        let mut a = assembler();
+        a.apply(relation(1, "outbox", &["id"]), Lsn(0)).unwrap();
+        let err = a.apply(relation(9, "outbox", &["id"]), Lsn(0)).unwrap_err();
+        assert!(matches!(
+            err,
+            AssemblyError::OutboxReplaced {
+                expected: 1,
+                found: 9,
+                ..
+            }
+        ));
+        assert!(err.to_string().contains("re-send"), "{err}");
     }
 
     #[test]
