@@ -8,6 +8,23 @@
 CREATE ROLE outbox_relay LOGIN REPLICATION PASSWORD 'change-me';
 GRANT SELECT ON public.outbox TO outbox_relay;
 
+-- The relay's record of its slot: that it streamed from it, and its acknowledged
+-- position, so a lost slot is never silently replaced (README, "Operating it"). The
+-- relay creates this table itself when its role has CREATE on the schema; otherwise
+-- create it here ([postgres] state_table names another place).
+CREATE TABLE IF NOT EXISTS public.outbox_relay_state (
+    slot_name         text PRIMARY KEY,
+    system_identifier text,
+    created_at        timestamptz,
+    first_streamed_at timestamptz,
+    acknowledged_lsn  pg_lsn,
+    acknowledged_at   timestamptz,
+    gap_accepted_at   timestamptz,
+    gap_from_lsn      pg_lsn,
+    gap_to_lsn        pg_lsn
+);
+GRANT SELECT, INSERT, UPDATE ON public.outbox_relay_state TO outbox_relay;
+
 -- The application's role may only INSERT into the outbox: it can publish events but
 -- never rewrite or delete history that consumers may not have seen.
 CREATE ROLE app_writer LOGIN PASSWORD 'change-me';

@@ -109,6 +109,15 @@ pub struct PostgresConfig {
     /// asked to reply; unset = the server's `wal_sender_timeout` (60 s when disabled).
     #[serde(default)]
     pub receive_timeout_ms: Option<u64>,
+    /// The table where the relay records its slot (that it streamed from it, and the
+    /// last acknowledged position), so a lost slot is never silently replaced. Default:
+    /// `outbox_relay_state` in the outbox's schema.
+    #[serde(default)]
+    pub state_table: Option<String>,
+    /// Create the slot as a failover slot (PostgreSQL 17+: synchronised to standbys
+    /// with `sync_replication_slots`, so a promoted standby has it). Ignored before 17.
+    #[serde(default = "default_true")]
+    pub failover_slot: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -281,6 +290,8 @@ pub struct Validated {
     pub config: Config,
     pub connect: ConnectParams,
     pub table: QualifiedName,
+    /// Where the relay records its slot ([`crate::pg::state`]).
+    pub state_table: QualifiedName,
 }
 
 impl Config {
@@ -419,12 +430,34 @@ impl Config {
         if self.relay.max_in_flight == 0 {
             problems.push("relay.max_in_flight: must be greater than 0".into());
         }
-        match (connect, table) {
-            (Some(connect), Some(table)) if problems.is_empty() => Ok(Validated {
-                config: self,
-                connect,
-                table,
+        let state_table = match (&self.postgres.state_table, &table) {
+            (Some(name), _) => match QualifiedName::parse(name) {
+                Ok(state_table) => Some(state_table),
+                Err(e) => {
+                    problems.push(format!("postgres.state_table: {e}"));
+                    None
+                }
+            },
+            (None, Some(table)) => Some(QualifiedName {
+                schema: table.schema.clone(),
+                name: crate::pg::state::DEFAULT_STATE_TABLE.to_owned(),
             }),
+            (None, None) => None,
+        };
+        if let (Some(state_table), Some(table)) = (&state_table, &table) {
+            if state_table == table {
+                problems.push("postgres.state_table: must not be the outbox table".into());
+            }
+        }
+        match (connect, table, state_table) {
+            (Some(connect), Some(table), Some(state_table)) if problems.is_empty() => {
+                Ok(Validated {
+                    config: self,
+                    connect,
+                    table,
+                    state_table,
+                })
+            }
             _ => Err(problems),
         }
     }

@@ -34,6 +34,39 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Manage the replication slot.
+    Slot {
+        #[command(subcommand)]
+        command: SlotCommand,
+    },
+    /// Re-send the outbox rows still in the table from a given time on (after a lost
+    /// slot or an outbox that left the publication). At-least-once: consumers
+    /// deduplicate by event id.
+    Backfill {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Re-send rows whose --column is at or after this time (any timestamp
+        /// PostgreSQL reads, e.g. '2026-12-01 09:00:00+00').
+        #[arg(long)]
+        since: String,
+        /// The outbox's timestamp column.
+        #[arg(long, default_value = "created_at")]
+        column: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum SlotCommand {
+    /// Create the slot. After a slot the relay streamed from was lost, only with
+    /// --accept-gap: the new slot starts at the current position, and events committed
+    /// since the old one's last acknowledged position must be re-sent (backfill).
+    Create {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Start past the gap knowingly.
+        #[arg(long)]
+        accept_gap: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -56,24 +89,84 @@ fn main() -> ExitCode {
             Err(e) => fail(&e),
         },
         Command::Run { config } => {
-            let settings = match Config::load(&config) {
-                Ok(settings) => settings,
-                Err(e) => return fail(&e),
-            };
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(e) => return fail(&e),
+            let (settings, runtime) = match load_with_runtime(&config) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
             };
             match runtime.block_on(outbox_relay::relay::run(settings, shutdown_signal())) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&e),
             }
         }
+        Command::Slot {
+            command: SlotCommand::Create { config, accept_gap },
+        } => {
+            let (settings, runtime) = match load_with_runtime(&config) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
+            };
+            match runtime.block_on(outbox_relay::relay::repair::create_slot(
+                &settings, accept_gap,
+            )) {
+                Ok(created) => {
+                    match created.gap_from {
+                        Some((lsn, at)) => eprintln!(
+                            "created replication slot {:?} at {}; events committed after {} (acknowledged at {}) up to {} were not relayed: re-send them with `outbox-relay backfill --config {} --since '{}'`",
+                            created.slot,
+                            created.start,
+                            lsn.map_or_else(|| "the old slot's start".to_owned(), |l| l.to_string()),
+                            at.as_deref().unwrap_or("an unknown time"),
+                            created.start,
+                            config.display(),
+                            at.as_deref().unwrap_or("<time of the last acknowledged event>"),
+                        ),
+                        None => eprintln!("created replication slot {:?} at {}", created.slot, created.start),
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        Command::Backfill {
+            config,
+            since,
+            column,
+        } => {
+            let (settings, runtime) = match load_with_runtime(&config) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
+            };
+            match runtime.block_on(outbox_relay::relay::repair::backfill(
+                &settings, &since, &column,
+            )) {
+                Ok(report) => {
+                    eprintln!(
+                        "backfill: {} rows since {since:?} read, {} delivered, {} could not be routed",
+                        report.rows, report.delivered, report.unroutable
+                    );
+                    if report.unroutable > 0 {
+                        ExitCode::FAILURE
+                    } else {
+                        ExitCode::SUCCESS
+                    }
+                }
+                Err(e) => fail(&e),
+            }
+        }
     }
+}
+
+/// The validated config and a runtime to run a command on.
+fn load_with_runtime(
+    config: &std::path::Path,
+) -> Result<(outbox_relay::config::Validated, tokio::runtime::Runtime), ExitCode> {
+    let settings = Config::load(config).map_err(|e| fail(&e))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| fail(&e))?;
+    Ok((settings, runtime))
 }
 
 /// Print the error with its causes (each once) on stderr and fail.
@@ -108,6 +201,20 @@ async fn shutdown_signal() {
         tracing::error!("cannot install signal handlers; stop the relay with SIGKILL");
         return std::future::pending().await;
     };
+    // SIGHUP would end the process silently (its default action). The relay does not
+    // reload its configuration: say so and go on.
+    match signal(SignalKind::hangup()) {
+        Ok(mut hangup) => {
+            tokio::spawn(async move {
+                while hangup.recv().await.is_some() {
+                    tracing::warn!("SIGHUP received and ignored: the relay does not reload its configuration; restart it to apply changes");
+                }
+            });
+        }
+        Err(error) => {
+            tracing::warn!(error = %error, "cannot handle SIGHUP; it will stop the relay")
+        }
+    }
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}

@@ -342,6 +342,35 @@ fn unicode_aggregate_type_on_stdout_is_printed_intact() {
     assert_acknowledged_through_now(&pg);
 }
 
+/// A `json` payload keeps its input's formatting, and a text payload may hold a
+/// pretty-printed document: either way each event is one stdout line.
+#[test]
+fn pretty_printed_json_payloads_are_one_line_each_on_stdout() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    pg.client_db("app")
+        .batch_execute("ALTER TABLE outbox ALTER COLUMN payload TYPE json USING payload::json")
+        .unwrap();
+    let relay = start_streaming(&stdout_config(&pg));
+    let pretty = "E'{\\n  \"order\": 7,\\n  \"lines\": [\\n    \"a\\\\nb\"\\n  ]\\n}'";
+    let first = insert(&pg, "json", pretty);
+    pg.client_db("app")
+        .batch_execute("ALTER TABLE outbox ALTER COLUMN payload TYPE text")
+        .unwrap();
+    let second = insert(&pg, "text", pretty);
+    let lines = relay.wait_for_lines(2, WAIT);
+    assert_eq!(lines.len(), 2, "two events, two lines: {lines:#?}");
+    for (line, id) in lines.iter().zip([&first, &second]) {
+        let event: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
+        assert_eq!(event["headers"]["id"], id.as_str());
+        assert_eq!(
+            event["value"],
+            serde_json::json!({"order": 7, "lines": ["a\nb"]})
+        );
+    }
+    assert_running(&relay);
+}
+
 #[test]
 fn route_values_making_illegal_topic_names_are_dead_lettered_naming_each() {
     let broker = KafkaBroker::shared();

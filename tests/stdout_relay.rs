@@ -280,7 +280,12 @@ fn scram_cluster() -> PgCluster {
              SET password_encryption = 'md5';
              CREATE ROLE md5_user LOGIN REPLICATION PASSWORD 'md5 pw';
              GRANT SELECT ON outbox TO scram_user, md5_user, clear_user;
-             CREATE PUBLICATION outbox_relay FOR TABLE outbox WITH (publish = 'insert');",
+             CREATE PUBLICATION outbox_relay FOR TABLE outbox WITH (publish = 'insert');
+             CREATE TABLE outbox_relay_state (slot_name text PRIMARY KEY, system_identifier text,
+                 created_at timestamptz, first_streamed_at timestamptz, acknowledged_lsn pg_lsn,
+                 acknowledged_at timestamptz, gap_accepted_at timestamptz, gap_from_lsn pg_lsn,
+                 gap_to_lsn pg_lsn);
+             GRANT SELECT, INSERT, UPDATE ON outbox_relay_state TO scram_user, md5_user, clear_user;",
         )
         .unwrap();
     pg

@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::pg::replication::{FrameError, ReplicationFrame, StandbyStatusUpdate};
-use crate::pg::url::ConnectParams;
+use crate::pg::url::{ConnectParams, TargetSession};
 
 /// Largest backend message accepted. PostgreSQL values are at most 1 GB; anything
 /// claiming more is garbage on the wire and must not become an allocation.
@@ -100,6 +100,8 @@ pub enum PgError {
     NotPostgres { addr: String, reason: String },
     #[error("bad replication frame from PostgreSQL: {0}")]
     Frame(#[from] FrameError),
+    #[error("no server in [postgres] url accepts writes ({tried}): target_session_attrs=read-write waits for a primary (a failover in progress?)")]
+    NoPrimary { tried: String },
 }
 
 impl PgError {
@@ -116,6 +118,8 @@ impl PgError {
 #[derive(Debug, Clone, Default)]
 pub struct QueryResult {
     pub columns: Vec<String>,
+    /// The type of each column (`pg_type` OID), in the order of `columns`.
+    pub column_types: Vec<u32>,
     pub rows: Vec<Vec<Option<String>>>,
 }
 
@@ -157,11 +161,65 @@ pub struct PgConnection {
 }
 
 impl PgConnection {
-    /// Connect and authenticate.
+    /// Connect and authenticate: to the first server of the URL that accepts the
+    /// connection (and, with `target_session_attrs=read-write`, accepts writes), trying
+    /// them in order like libpq. The connect timeout applies to each server.
     pub async fn connect(params: &ConnectParams, kind: SessionKind) -> Result<Self, PgError> {
-        let addr = format!("{}:{}", params.host, params.port);
+        let mut last_error = None;
+        let mut read_only = Vec::new();
+        for (host, port) in params.hosts() {
+            match Self::connect_one(params, kind, host, port).await {
+                Ok(mut conn) => {
+                    if params.target_session == TargetSession::ReadWrite
+                        && conn.is_read_only().await?
+                    {
+                        read_only.push(conn.addr.clone());
+                        continue;
+                    }
+                    return Ok(conn);
+                }
+                Err(error @ PgError::Authentication { .. }) => return Err(error),
+                Err(error) => {
+                    tracing::debug!(host, port, error = %error, "server not available");
+                    last_error = Some(error);
+                }
+            }
+        }
+        if !read_only.is_empty() {
+            let mut tried: Vec<String> = read_only
+                .iter()
+                .map(|addr| format!("{addr} is read-only"))
+                .collect();
+            if let Some(error) = &last_error {
+                tried.push(error.to_string());
+            }
+            return Err(PgError::NoPrimary {
+                tried: tried.join("; "),
+            });
+        }
+        Err(last_error.unwrap_or_else(|| PgError::Protocol("no host in [postgres] url".into())))
+    }
+
+    /// Whether the session is read-only (a standby, or default_transaction_read_only).
+    async fn is_read_only(&mut self) -> Result<bool, PgError> {
+        let result = self.simple_query("SHOW transaction_read_only").await?;
+        Ok(result
+            .rows
+            .first()
+            .and_then(|r| r.first().cloned().flatten())
+            .as_deref()
+            == Some("on"))
+    }
+
+    async fn connect_one(
+        params: &ConnectParams,
+        kind: SessionKind,
+        host: &str,
+        port: u16,
+    ) -> Result<Self, PgError> {
+        let addr = format!("{host}:{port}");
         let secs = params.connect_timeout_secs;
-        let attempt = Self::connect_inner(params, kind, &addr);
+        let attempt = Self::connect_inner(params, kind, &addr, host, port);
         if secs == 0 {
             return attempt.await;
         }
@@ -174,8 +232,10 @@ impl PgConnection {
         params: &ConnectParams,
         kind: SessionKind,
         addr: &str,
+        host: &str,
+        port: u16,
     ) -> Result<Self, PgError> {
-        let stream = TcpStream::connect((params.host.as_str(), params.port))
+        let stream = TcpStream::connect((host, port))
             .await
             .map_err(|source| PgError::Connect {
                 addr: addr.to_owned(),
@@ -355,6 +415,7 @@ impl PgConnection {
                     let mut fields = body.fields();
                     while let Some(field) = fields.next()? {
                         result.columns.push(field.name().to_owned());
+                        result.column_types.push(field.type_oid());
                     }
                 }
                 Message::DataRow(body) => {

@@ -4,9 +4,11 @@
 pub mod conn;
 pub mod lsn;
 pub mod pgoutput;
+pub mod publication;
 pub mod replication;
 pub mod slot;
 pub mod sql;
+pub mod state;
 pub mod url;
 
 pub use lsn::Lsn;

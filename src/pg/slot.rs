@@ -5,9 +5,10 @@
 
 use std::time::Duration;
 
-use crate::pg::conn::{PgConnection, PgError};
+use crate::pg::conn::{PgConnection, PgError, QueryResult};
 use crate::pg::lsn::Lsn;
 use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
+use crate::pg::state;
 
 /// What the relay needs on the source.
 #[derive(Debug, Clone)]
@@ -15,6 +16,10 @@ pub struct SourceSpec {
     pub slot: String,
     pub publication: String,
     pub table: QualifiedName,
+    /// Where the relay records its slot ([`crate::pg::state`]).
+    pub state_table: QualifiedName,
+    /// Make the slot a failover slot where the server supports it (PostgreSQL 17+).
+    pub failover: bool,
 }
 
 /// The result of [`prepare`].
@@ -32,6 +37,8 @@ pub struct PreparedSource {
     pub outbox_oid: u32,
     /// The outbox is a partitioned table (published through its root).
     pub outbox_partitioned: bool,
+    /// The slot is a failover slot (PostgreSQL 17+).
+    pub failover_slot: bool,
 }
 
 /// A problem with the source that retrying will not fix.
@@ -39,6 +46,9 @@ pub struct PreparedSource {
 pub enum SetupError {
     #[error("{0}")]
     Definite(String),
+    /// A standby, or a primary restarting from a backup: it may be promoted, so wait.
+    #[error("PostgreSQL is in recovery (a standby, or a server restoring from a backup): the relay needs a primary, since logical decoding of its slot cannot run while in recovery; waiting for it to be promoted")]
+    InRecovery,
     #[error(transparent)]
     Pg(#[from] PgError),
 }
@@ -66,6 +76,21 @@ pub async fn prepare(
             "PostgreSQL has wal_level={}, logical replication needs wal_level=logical: set wal_level=logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL",
             wal_level.as_deref().unwrap_or("unknown")
         )));
+    }
+
+    let version_num: u32 = conn
+        .simple_query("SHOW server_version_num")
+        .await?
+        .rows
+        .first()
+        .and_then(|r| r.first().cloned().flatten())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let recovery = conn
+        .simple_query("SELECT pg_catalog.pg_is_in_recovery() AS recovery")
+        .await?;
+    if recovery.get(0, "recovery") == Some("t") {
+        return Err(SetupError::InRecovery);
     }
 
     let identify = conn.simple_query("IDENTIFY_SYSTEM").await?;
@@ -102,24 +127,28 @@ pub async fn prepare(
             )))
         }
     };
-    if outbox_partitioned {
-        let version_num: u32 = conn
-            .simple_query("SHOW server_version_num")
-            .await?
-            .rows
-            .first()
-            .and_then(|r| r.first().cloned().flatten())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        if version_num < 130_000 {
-            return Err(definite(format!(
-                "{table} is partitioned, and PostgreSQL {server_version} cannot publish a partitioned table's rows under its root's name (publish_via_partition_root needs PostgreSQL 13 or later): upgrade PostgreSQL, or use an unpartitioned outbox"
-            )));
-        }
+    if outbox_partitioned && version_num < 130_000 {
+        return Err(definite(format!(
+            "{table} is partitioned, and PostgreSQL {server_version} cannot publish a partitioned table's rows under its root's name (publish_via_partition_root needs PostgreSQL 13 or later): upgrade PostgreSQL, or use an unpartitioned outbox"
+        )));
     }
 
     let publication_created = ensure_publication(conn, spec, outbox_partitioned).await?;
-    let (slot_lsn, slot_created) = ensure_slot(conn, spec).await?;
+    state::ensure_table(conn, &spec.state_table)
+        .await
+        .map_err(SetupError::Definite)?;
+    let failover_slot = spec.failover && version_num >= FAILOVER_SLOTS_SINCE;
+    let (slot_lsn, slot_created) = ensure_slot(conn, spec, &system_id, failover_slot).await?;
+    if failover_slot {
+        warn_without_synchronized_standbys(conn, &spec.slot).await?;
+    }
+    // From here on the slot is streamed from: losing it loses events.
+    conn.simple_query(&state::streaming_sql(
+        &spec.state_table,
+        &spec.slot,
+        &system_id,
+    ))
+    .await?;
 
     let timeout = conn.simple_query("SHOW wal_sender_timeout").await?;
     let wal_sender_timeout = timeout
@@ -138,7 +167,33 @@ pub async fn prepare(
         server_version,
         outbox_oid,
         outbox_partitioned,
+        failover_slot,
     })
+}
+
+/// PostgreSQL 17 (`server_version_num`) brought failover slots.
+pub const FAILOVER_SLOTS_SINCE: u32 = 170_000;
+
+/// A failover slot reaches a standby only if the primary waits for it: without
+/// `synchronized_standby_slots`, a standby can be promoted with the slot behind what the
+/// relay was sent, or without it.
+async fn warn_without_synchronized_standbys(
+    conn: &mut PgConnection,
+    slot: &str,
+) -> Result<(), SetupError> {
+    let setting = conn.simple_query("SHOW synchronized_standby_slots").await?;
+    let value = setting
+        .rows
+        .first()
+        .and_then(|r| r.first().cloned().flatten())
+        .unwrap_or_default();
+    if value.trim().is_empty() {
+        tracing::warn!(
+            %slot,
+            "the primary has no synchronized_standby_slots: a failover to a standby could lose the slot (or its position); set synchronized_standby_slots to the standbys' physical slots and sync_replication_slots = on on the standbys"
+        );
+    }
+    Ok(())
 }
 
 /// The `CREATE PUBLICATION` the relay runs (and tells a user to run): inserts only and,
@@ -224,20 +279,69 @@ async fn ensure_publication(
 async fn ensure_slot(
     conn: &mut PgConnection,
     spec: &SourceSpec,
+    system_id: &str,
+    failover: bool,
 ) -> Result<(Lsn, bool), SetupError> {
     let slot = &spec.slot;
     let found = conn
         .simple_query(&format!(
-            "SELECT plugin, slot_type, database, wal_status, confirmed_flush_lsn, current_database() AS current_db FROM pg_catalog.pg_replication_slots WHERE slot_name = {}",
+            "SELECT plugin, slot_type, database, wal_status, confirmed_flush_lsn, current_database() AS current_db, \
+                    coalesce((pg_catalog.to_jsonb(s) ->> 'failover')::boolean, false) AS failover \
+               FROM pg_catalog.pg_replication_slots s WHERE slot_name = {}",
             quote_literal(slot)
         ))
         .await?;
     if found.rows.is_empty() {
-        let created = conn
-            .simple_query(&format!(
-                "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput NOEXPORT_SNAPSHOT",
-                quote_ident(slot)
-            ))
+        if let Some(record) = state::read(conn, &spec.state_table, slot).await? {
+            if record.streamed() {
+                return Err(definite(state::lost_slot_message(
+                    slot,
+                    &spec.state_table,
+                    &record,
+                    "--config FILE",
+                )));
+            }
+        }
+        let lsn = create_slot(conn, spec, system_id, failover).await?;
+        return Ok((lsn, true));
+    }
+    check_existing_slot(&found, slot)?;
+    if failover && found.get(0, "failover") != Some("t") {
+        conn.simple_query(&format!(
+            "ALTER_REPLICATION_SLOT {} (FAILOVER true)",
+            quote_ident(slot)
+        ))
+        .await?;
+        tracing::info!(%slot, "made the slot a failover slot ([postgres] failover_slot)");
+    }
+    let lsn = found
+        .get(0, "confirmed_flush_lsn")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_default();
+    Ok((lsn, false))
+}
+
+/// Creates the slot and starts its record over. Returns where it starts.
+pub async fn create_slot(
+    conn: &mut PgConnection,
+    spec: &SourceSpec,
+    system_id: &str,
+    failover: bool,
+) -> Result<Lsn, SetupError> {
+    let slot = &spec.slot;
+    let command = if failover {
+        format!(
+            "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'nothing', FAILOVER true)",
+            quote_ident(slot)
+        )
+    } else {
+        format!(
+            "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput NOEXPORT_SNAPSHOT",
+            quote_ident(slot)
+        )
+    };
+    let created = conn
+            .simple_query(&command)
             .await
             .map_err(|e| match e {
                 PgError::Db(db) if db.code == "53400" => definite(format!(
@@ -250,13 +354,18 @@ async fn ensure_slot(
                 )),
                 other => other.into(),
             })?;
-        let lsn = created
-            .get(0, "consistent_point")
-            .and_then(|t| t.parse().ok())
-            .unwrap_or_default();
-        tracing::info!(%slot, %lsn, "created replication slot");
-        return Ok((lsn, true));
-    }
+    let lsn = created
+        .get(0, "consistent_point")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_default();
+    conn.simple_query(&state::created_sql(&spec.state_table, slot, system_id))
+        .await?;
+    tracing::info!(%slot, %lsn, "created replication slot");
+    Ok(lsn)
+}
+
+/// A slot of that name exists: it must be ours to stream from.
+fn check_existing_slot(found: &QueryResult, slot: &str) -> Result<(), SetupError> {
     let plugin = found.get(0, "plugin").unwrap_or_default();
     if found.get(0, "slot_type") != Some("logical") || plugin != "pgoutput" {
         return Err(definite(format!(
@@ -273,15 +382,11 @@ async fn ensure_slot(
     }
     if found.get(0, "wal_status") == Some("lost") {
         return Err(definite(format!(
-            "replication slot {slot:?} is invalidated (wal_status = lost): the WAL it needed was removed, usually because of max_slot_wal_keep_size. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}) and start again (a new slot starts at the current position), then reconcile the outbox rows written meanwhile",
+            "replication slot {slot:?} is invalidated (wal_status = lost): the WAL it needed was removed, usually because of max_slot_wal_keep_size. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}), create a new one knowingly with `outbox-relay slot create --accept-gap --config FILE` (it starts at the current position), then re-send the outbox rows written since the last acknowledged position with `outbox-relay backfill --config FILE --since TIME`",
             quote_literal(slot)
         )));
     }
-    let lsn = found
-        .get(0, "confirmed_flush_lsn")
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_default();
-    Ok((lsn, false))
+    Ok(())
 }
 
 /// Turn a server error met while connecting or streaming into a definite error with
@@ -309,7 +414,7 @@ pub fn explain_server_error(error: PgError, spec: &SourceSpec, user: &str) -> Se
         )),
         "55000" if message.contains("can no longer get changes") || message.contains("invalidated") => {
             definite(format!(
-                "replication slot {slot:?} is invalidated ({message}): the WAL it needed was removed, usually because of max_slot_wal_keep_size. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}) and start again (a new slot starts at the current position), then reconcile the outbox rows written meanwhile",
+                "replication slot {slot:?} is invalidated ({message}): the WAL it needed was removed, usually because of max_slot_wal_keep_size. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}), create a new one knowingly with `outbox-relay slot create --accept-gap --config FILE` (it starts at the current position), then re-send the outbox rows written since the last acknowledged position with `outbox-relay backfill --config FILE --since TIME`",
                 quote_literal(slot)
             ))
         }
@@ -364,6 +469,8 @@ mod tests {
             slot: "s\"lot".into(),
             publication: "pub'x".into(),
             table: QualifiedName::parse("public.outbox").unwrap(),
+            state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
+            failover: true,
         };
         assert_eq!(
             start_replication_command(&spec, Lsn(0x1_0000_0010)),
@@ -387,6 +494,8 @@ mod tests {
             slot: "outbox_relay".into(),
             publication: "outbox_relay".into(),
             table: QualifiedName::parse("public.outbox").unwrap(),
+            state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
+            failover: true,
         };
         for (code, message, needle) in [
             (

@@ -22,11 +22,27 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// Which server of several (`host=a,b`) a session may use, as libpq's
+/// `target_session_attrs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetSession {
+    /// The first server that accepts the connection.
+    Any,
+    /// The first one that accepts writes (`read-write`, or `primary`): after a failover,
+    /// the promoted standby.
+    ReadWrite,
+}
+
 /// Where and as whom to connect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectParams {
+    /// The first server to try.
     pub host: String,
     pub port: u16,
+    /// Further servers, tried in order when the ones before fail (libpq multi-host
+    /// URLs: `postgres://h1:5432,h2:5432/app`).
+    pub fallback_hosts: Vec<(String, u16)>,
+    pub target_session: TargetSession,
     pub user: String,
     pub password: Option<Secret>,
     pub dbname: String,
@@ -69,14 +85,24 @@ impl ConnectParams {
             },
             None => (String::new(), None),
         };
-        let (host, port) = split_host_port(hostport)?;
+        let mut hosts = Vec::new();
+        for one in hostport.split(',') {
+            let (host, port) = split_host_port(one)?;
+            hosts.push((
+                if host.is_empty() {
+                    "localhost".into()
+                } else {
+                    host
+                },
+                port,
+            ));
+        }
+        let (host, port) = hosts.remove(0);
         let mut params = ConnectParams {
-            host: if host.is_empty() {
-                "localhost".into()
-            } else {
-                host
-            },
+            host,
             port,
+            fallback_hosts: hosts,
+            target_session: TargetSession::Any,
             user,
             password,
             dbname: decode(path)?,
@@ -95,8 +121,39 @@ impl ConnectParams {
                 "user" => params.user = value,
                 "password" => params.password = Some(Secret(value)),
                 "dbname" => params.dbname = value,
-                "host" => params.host = value,
-                "port" => params.port = parse_port(&value)?,
+                "host" => {
+                    let mut hosts = value.split(',').map(str::to_owned);
+                    params.host = hosts.next().unwrap_or_default();
+                    params.fallback_hosts = hosts.map(|h| (h, params.port)).collect();
+                }
+                "port" => {
+                    let ports = value
+                        .split(',')
+                        .map(parse_port)
+                        .collect::<Result<Vec<u16>, UrlError>>()?;
+                    let count = 1 + params.fallback_hosts.len();
+                    if ports.len() != 1 && ports.len() != count {
+                        return Err(UrlError(format!(
+                            "{} ports for {count} hosts: give one port for all, or one per host",
+                            ports.len()
+                        )));
+                    }
+                    params.port = ports[0];
+                    for (index, host) in params.fallback_hosts.iter_mut().enumerate() {
+                        host.1 = *ports.get(index + 1).unwrap_or(&ports[0]);
+                    }
+                }
+                "target_session_attrs" => {
+                    params.target_session = match value.as_str() {
+                        "any" => TargetSession::Any,
+                        "read-write" | "primary" => TargetSession::ReadWrite,
+                        other => {
+                            return Err(UrlError(format!(
+                                "target_session_attrs={other} is not supported: the relay needs the primary; use read-write (or primary), or any"
+                            )))
+                        }
+                    }
+                }
                 "application_name" => params.application_name = value,
                 "connect_timeout" => {
                     params.connect_timeout_secs = value.parse().map_err(|_| {
@@ -111,7 +168,7 @@ impl ConnectParams {
                 }
                 other => {
                     return Err(UrlError(format!(
-                        "unknown parameter {other:?}; supported: user, password, dbname, host, port, application_name, connect_timeout, sslmode"
+                        "unknown parameter {other:?}; supported: user, password, dbname, host, port, application_name, connect_timeout, sslmode, target_session_attrs"
                     )))
                 }
             }
@@ -127,14 +184,23 @@ impl ConnectParams {
         Ok(params)
     }
 
+    /// Every server to try, in order.
+    pub fn hosts(&self) -> impl Iterator<Item = (&str, u16)> {
+        std::iter::once((self.host.as_str(), self.port))
+            .chain(self.fallback_hosts.iter().map(|(h, p)| (h.as_str(), *p)))
+    }
+
     /// The URL with the password hidden, for logs and error messages.
     pub fn redacted(&self) -> String {
+        let hosts: Vec<String> = self
+            .hosts()
+            .map(|(host, port)| format!("{host}:{port}"))
+            .collect();
         format!(
-            "postgres://{}{}@{}:{}/{}",
+            "postgres://{}{}@{}/{}",
             self.user,
             if self.password.is_some() { ":***" } else { "" },
-            self.host,
-            self.port,
+            hosts.join(","),
             self.dbname
         )
     }
@@ -217,6 +283,42 @@ mod tests {
         );
         let p = ConnectParams::from_url("postgres://u@/d").unwrap();
         assert_eq!(p.host, "localhost");
+    }
+
+    #[test]
+    fn several_hosts_and_the_session_to_target() {
+        let p = ConnectParams::from_url(
+            "postgres://u@h1:5432,h2:5433,[::1]/app?target_session_attrs=read-write",
+        )
+        .unwrap();
+        let hosts: Vec<(&str, u16)> = p.hosts().collect();
+        assert_eq!(hosts, [("h1", 5432), ("h2", 5433), ("::1", DEFAULT_PORT)]);
+        assert_eq!(p.target_session, TargetSession::ReadWrite);
+        assert_eq!(p.redacted(), "postgres://u@h1:5432,h2:5433,::1:5432/app");
+        let p = ConnectParams::from_url("postgres://u@/app?host=a,b&port=7000,7001").unwrap();
+        assert_eq!(p.hosts().collect::<Vec<_>>(), [("a", 7000), ("b", 7001)]);
+        let p = ConnectParams::from_url("postgres://u@/app?host=a,b&port=7000").unwrap();
+        assert_eq!(p.hosts().collect::<Vec<_>>(), [("a", 7000), ("b", 7000)]);
+        assert_eq!(
+            ConnectParams::from_url("postgres://u@h/app?target_session_attrs=primary")
+                .unwrap()
+                .target_session,
+            TargetSession::ReadWrite
+        );
+        for (url, needle) in [
+            (
+                "postgres://u@/app?host=a,b&port=1,2,3",
+                "3 ports for 2 hosts",
+            ),
+            (
+                "postgres://u@h/app?target_session_attrs=standby",
+                "needs the primary",
+            ),
+            ("postgres://u@h1,h2:x/app", "port"),
+        ] {
+            let err = ConnectParams::from_url(url).unwrap_err().to_string();
+            assert!(err.contains(needle), "{url}: {err}");
+        }
     }
 
     #[test]

@@ -17,6 +17,11 @@
 //! value is a running maximum (invariant 3). When the queue is empty nothing is in flight,
 //! so the last received position, including a keepalive's `walEnd`, is safe to report:
 //! everything before it was sent to us and needed no delivery (invariant 4).
+//!
+//! One more bound: a position is reported only once the outbox watch
+//! ([`crate::relay::watch`]) has vouched for it (the outbox was still published as it
+//! was up to there). Rows the publication no longer carries never reach the stream, so
+//! nothing else could tell that positions past them hide lost events.
 
 use std::collections::VecDeque;
 
@@ -53,6 +58,9 @@ pub struct AckTracker {
     received: Lsn,
     /// The value last returned by [`AckTracker::flush_lsn`].
     reported: Lsn,
+    /// The highest position the outbox watch vouched for (no bound until
+    /// [`AckTracker::cap_at`] sets one).
+    vouched: Lsn,
     in_flight: u64,
 }
 
@@ -64,8 +72,29 @@ impl AckTracker {
             confirmed: start,
             received: start,
             reported: start,
+            vouched: Lsn(u64::MAX),
             ..AckTracker::default()
         }
+    }
+
+    /// Report nothing past `lsn` until [`AckTracker::vouch`] raises the bound.
+    pub fn cap_at(&mut self, lsn: Lsn) {
+        self.vouched = lsn.max(self.reported);
+    }
+
+    /// The outbox watch vouched for every position up to `lsn`.
+    pub fn vouch(&mut self, lsn: Lsn) {
+        self.vouched = self.vouched.max(lsn);
+    }
+
+    /// The highest position the watch vouched for so far.
+    pub fn vouched(&self) -> Lsn {
+        self.vouched
+    }
+
+    /// Whether something safe to acknowledge waits for the watch to vouch for it.
+    pub fn wants_vouching(&mut self) -> bool {
+        self.advance() > self.vouched
     }
 
     /// A transaction began. Sequence numbers are consecutive.
@@ -133,8 +162,17 @@ impl AckTracker {
         self.received
     }
 
-    /// The position safe to acknowledge now. Never decreases.
+    /// The position safe to acknowledge now (delivered and vouched for). Never
+    /// decreases.
     pub fn flush_lsn(&mut self) -> Lsn {
+        let candidate = self.advance().min(self.vouched);
+        self.reported = self.reported.max(candidate);
+        self.reported
+    }
+
+    /// Drops fully delivered transactions off the front and returns the position they
+    /// (and, when nothing is open, the stream) allow, before the watch's bound.
+    fn advance(&mut self) -> Lsn {
         while let Some(front) = self.queue.front() {
             match front.end_lsn {
                 Some(end_lsn) if front.undelivered == 0 => {
@@ -145,19 +183,42 @@ impl AckTracker {
                 _ => break,
             }
         }
-        let candidate = if self.queue.is_empty() {
+        if self.queue.is_empty() {
             self.confirmed.max(self.received)
         } else {
             self.confirmed
-        };
-        self.reported = self.reported.max(candidate);
-        self.reported
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nothing_past_the_vouched_position_is_reported() {
+        let mut t = AckTracker::new(Lsn(100), 0);
+        t.cap_at(Lsn(100));
+        t.begin(0).unwrap();
+        t.event_sent(0).unwrap();
+        t.commit(0, Lsn(200)).unwrap();
+        t.delivered(0).unwrap();
+        t.keepalive(Lsn(300));
+        assert!(t.wants_vouching());
+        assert_eq!(t.flush_lsn(), Lsn(100), "delivered, but not vouched for");
+        t.vouch(Lsn(250));
+        assert_eq!(
+            t.flush_lsn(),
+            Lsn(250),
+            "idle position up to the vouched one"
+        );
+        assert!(t.wants_vouching());
+        t.vouch(Lsn(400));
+        assert_eq!(t.flush_lsn(), Lsn(300));
+        assert!(!t.wants_vouching());
+        t.vouch(Lsn(50));
+        assert_eq!(t.flush_lsn(), Lsn(300), "a lower vouch changes nothing");
+    }
 
     #[test]
     fn acks_end_lsn_only_after_every_event_is_delivered() {

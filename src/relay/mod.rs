@@ -6,9 +6,11 @@ pub mod backoff;
 pub mod deadletter;
 pub mod feedback;
 pub mod pipeline;
+pub mod repair;
 pub mod router;
 pub mod run;
 pub mod txn;
+pub mod watch;
 
 pub use run::run;
 
@@ -52,10 +54,18 @@ pub enum RelayError {
     Metrics(String),
     #[error("nothing received from PostgreSQL for {secs} s although it was asked to reply (network cut or blackholed?)")]
     Silent { secs: u64 },
+    #[error("the outbox watch's connection to PostgreSQL did not answer for {secs} s (network cut or blackholed?); nothing past its last check is acknowledged meanwhile")]
+    WatchSilent { secs: u64 },
     #[error("no delivery confirmed for {secs} s with {in_flight} events in flight: releasing the replication connection so PostgreSQL is not held (its shutdown waits for acknowledgements); the events are sent again after reconnecting")]
     SinkStalled { secs: u64, in_flight: u64 },
-    #[error("PostgreSQL's timeline changed from {from} to {to}: the server was promoted or restored from backup. Check that the slot survived with its position (WAL after it may be missing on the new timeline), then restart the relay")]
-    TimelineChanged { from: u32, to: u32 },
+    #[error("{change}: outbox rows committed after {since} may not have been streamed, so the relay stops without acknowledging anything past {since}. Repair: {repair}; then re-send the rows written to the outbox since {since} (they stay in the table unless deleted) and restart the relay")]
+    OutboxUnpublished {
+        change: String,
+        repair: String,
+        since: Lsn,
+    },
+    #[error("the server is a different PostgreSQL cluster (system identifier {to}, was {from}): check [postgres] url; the relay does not follow a slot to another cluster")]
+    SystemChanged { from: String, to: String },
 }
 
 impl From<SetupError> for RelayError {
@@ -85,6 +95,7 @@ impl RelayError {
         match self {
             RelayError::Pg(pg) => match pg {
                 PgError::Connect { .. }
+                | PgError::NoPrimary { .. }
                 | PgError::ConnectTimeout { .. }
                 | PgError::Io(_)
                 | PgError::Closed { .. } => true,
@@ -96,8 +107,10 @@ impl RelayError {
                 }
                 _ => false,
             },
+            RelayError::Setup(SetupError::InRecovery) => true,
             RelayError::StreamEnded
             | RelayError::Silent { .. }
+            | RelayError::WatchSilent { .. }
             | RelayError::SinkStalled { .. } => true,
             RelayError::Sink(SinkError::KafkaFatal(_) | SinkError::TopicUnavailable { .. }) => true,
             _ => false,

@@ -32,6 +32,7 @@ use crate::relay::deadletter::DeadLetter;
 use crate::relay::feedback::{feedback, Feedback};
 use crate::relay::router::OutboxEvent;
 use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
+use crate::relay::watch::{OutboxWatch, WatchReport};
 use crate::relay::RelayError;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::stdout::StdoutSink;
@@ -89,7 +90,7 @@ pub(super) enum AnySink {
 }
 
 impl AnySink {
-    fn sink(&mut self) -> &mut dyn Sink {
+    pub(super) fn sink(&mut self) -> &mut dyn Sink {
         match self {
             AnySink::Stdout(sink) => sink,
             AnySink::Kafka(sink) => sink.as_mut(),
@@ -137,8 +138,15 @@ pub(super) struct Pipeline {
     /// When the last status update went out, and the flush position it carried.
     pub(super) last_status_at: Instant,
     pub(super) last_reported: Lsn,
+    /// The position last written to the state table.
+    pub(super) last_recorded: Lsn,
     /// A status update owed for a moved position, due at this instant.
     pub(super) status_due: Option<tokio::time::Instant>,
+    /// Vouches for the positions acknowledged (the outbox is still published).
+    pub(super) watch: OutboxWatch,
+    /// For the repair advice when the watch sees a change.
+    pub(super) publication: String,
+    pub(super) table: crate::pg::sql::QualifiedName,
 }
 
 impl Pipeline {
@@ -167,11 +175,24 @@ impl Pipeline {
                     self.retry_stalled()?;
                     self.report_progress_promptly().await?;
                 }
+                Some(report) = self.watch.next_report() => {
+                    self.on_watch_report(report)?;
+                    self.report_progress_promptly().await?;
+                }
                 () = sleep_until_due(self.status_due), if self.status_due.is_some() => {
                     self.status_due = None;
                     self.send_status(false).await?;
                 }
                 _ = timer.tick() => {
+                    if self.tracker.wants_vouching() {
+                        self.watch.request();
+                    }
+                    if self.last_reported > self.last_recorded {
+                        // For the lost-slot check: where the slot stood, kept in the
+                        // database (once per status interval, not per update).
+                        self.watch.record(self.last_reported);
+                        self.last_recorded = self.last_reported;
+                    }
                     self.retry_stalled()?;
                     let probe = self.check_liveness(reading, interval)?;
                     self.send_status(probe).await?;
@@ -202,6 +223,9 @@ impl Pipeline {
     /// update now, or once [`PROMPT_ACK_GAP`](crate::relay::feedback::PROMPT_ACK_GAP) has
     /// passed since the last one.
     async fn report_progress_promptly(&mut self) -> Result<(), RelayError> {
+        if self.tracker.wants_vouching() {
+            self.watch.request();
+        }
         let flush = self.tracker.flush_lsn();
         match feedback(
             flush,
@@ -220,6 +244,25 @@ impl Pipeline {
         Ok(())
     }
 
+    /// A check of the outbox watch came back: raise the vouched bound, or stop.
+    fn on_watch_report(&mut self, report: WatchReport) -> Result<(), RelayError> {
+        match report {
+            WatchReport::Vouched(lsn) => {
+                self.tracker.vouch(lsn);
+                Ok(())
+            }
+            WatchReport::Changed(change) => Err(RelayError::OutboxUnpublished {
+                repair: change.repair(&self.publication, &self.table),
+                change: change.to_string(),
+                since: self.tracker.vouched(),
+            }),
+            WatchReport::Failed(error) => Err(RelayError::Pg(error)),
+            WatchReport::Invalid(message) => Err(RelayError::Setup(
+                crate::pg::slot::SetupError::Definite(message),
+            )),
+        }
+    }
+
     /// Called on every status tick. Fails when PostgreSQL went silent although asked to
     /// reply, or when the sink has made no progress for `stall_release`; returns
     /// whether this status update should ask PostgreSQL for a reply.
@@ -233,6 +276,12 @@ impl Pipeline {
         if silent > self.receive_timeout {
             return Err(RelayError::Silent {
                 secs: silent.as_secs(),
+            });
+        }
+        let watch_waiting = self.watch.waiting_for(now);
+        if watch_waiting > self.receive_timeout {
+            return Err(RelayError::WatchSilent {
+                secs: watch_waiting.as_secs(),
             });
         }
         let in_flight = self.tracker.in_flight();
@@ -499,6 +548,17 @@ impl Pipeline {
                         "shutdown timeout: undelivered events are not acknowledged and will be sent again after restart"
                     );
                     break;
+                }
+            }
+        }
+        // The final update may acknowledge only what the watch vouched for: ask once more.
+        self.take_ready_notices()?;
+        if self.tracker.wants_vouching() {
+            self.watch.request();
+            match tokio::time::timeout(CLOSE_WAIT, self.watch.next_report()).await {
+                Ok(Some(report)) => self.on_watch_report(report)?,
+                Ok(None) | Err(_) => {
+                    tracing::warn!("the outbox check did not answer at shutdown: the last delivered events are acknowledged after the next start")
                 }
             }
         }

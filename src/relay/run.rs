@@ -24,6 +24,7 @@ use crate::relay::pipeline::{
 };
 use crate::relay::router::Router;
 use crate::relay::txn::TxnAssembler;
+use crate::relay::watch::{OutboxWatch, WatchTarget};
 use crate::relay::RelayError;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::stdout::StdoutSink;
@@ -90,6 +91,18 @@ pub async fn run(
     }
 }
 
+/// Runs `future` unless shutdown is requested first (`None`).
+async fn unless_stopped<T>(
+    stop: &mut watch::Receiver<bool>,
+    future: impl Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        () = stopped(stop) => None,
+        value = future => Some(value),
+    }
+}
+
 /// Aborts a background task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -103,7 +116,7 @@ impl Drop for AbortOnDrop {
 async fn run_attempt(
     settings: &Validated,
     mut stop: watch::Receiver<bool>,
-    timeline: &mut Option<u32>,
+    timeline: &mut Option<(String, u32)>,
     metrics: &Arc<Metrics>,
 ) -> Result<(), RelayError> {
     let config = &settings.config;
@@ -111,6 +124,8 @@ async fn run_attempt(
         slot: config.postgres.slot.clone(),
         publication: config.postgres.publication.clone(),
         table: settings.table.clone(),
+        state_table: settings.state_table.clone(),
+        failover: config.postgres.failover_slot,
     };
     let router = Router::try_new(&config.outbox).map_err(|problems| {
         RelayError::Config(crate::config::ConfigError::Invalid {
@@ -120,23 +135,48 @@ async fn run_attempt(
     })?;
     let user = settings.connect.user.as_str();
     let explain = |error: PgError| RelayError::from(slot::explain_server_error(error, &spec, user));
-    let mut conn = PgConnection::connect(&settings.connect, SessionKind::LogicalReplication)
-        .await
-        .map_err(explain)?;
-    let prepared = match slot::prepare(&mut conn, &spec).await {
+    // Every wait before streaming honours a shutdown signal (a server that accepts and
+    // never answers must not make SIGTERM wait for it).
+    let Some(connected) = unless_stopped(
+        &mut stop,
+        PgConnection::connect(&settings.connect, SessionKind::LogicalReplication),
+    )
+    .await
+    else {
+        return Ok(());
+    };
+    let mut conn = connected.map_err(explain)?;
+    let Some(prepared) = unless_stopped(&mut stop, slot::prepare(&mut conn, &spec)).await else {
+        return Ok(());
+    };
+    let prepared = match prepared {
         Ok(prepared) => prepared,
         Err(SetupError::Pg(error)) => return Err(explain(error)),
         Err(other) => return Err(other.into()),
     };
-    match *timeline {
-        Some(from) if from != prepared.timeline => {
-            return Err(RelayError::TimelineChanged {
-                from,
-                to: prepared.timeline,
+    match timeline.as_ref() {
+        Some((system_id, _)) if *system_id != prepared.system_id => {
+            return Err(RelayError::SystemChanged {
+                from: system_id.clone(),
+                to: prepared.system_id.clone(),
             })
         }
-        _ => *timeline = Some(prepared.timeline),
+        Some((_, from)) if *from != prepared.timeline => {
+            // A promotion (failover, or a standby taking over): the slot is here, on the
+            // new primary (a PostgreSQL 17 failover slot synchronised to it, or the same
+            // server promoted), so streaming goes on from its position. A slot missing
+            // here stopped the attempt already (the state table's record).
+            tracing::warn!(
+                from = *from,
+                to = prepared.timeline,
+                slot = %spec.slot,
+                slot_lsn = %prepared.slot_lsn,
+                "PostgreSQL's timeline changed (a promotion or a restore); the slot exists here, continuing from its position"
+            );
+        }
+        _ => {}
     }
+    *timeline = Some((prepared.system_id.clone(), prepared.timeline));
 
     let (notice_tx, notices) = mpsc::unbounded_channel();
     let dead_letter_topic = config.dead_letter.as_ref().map(|d| d.topic.clone());
@@ -156,7 +196,10 @@ async fn run_attempt(
     };
     if let Some(topic) = &dead_letter_topic {
         // Fail fast: a dead-letter topic that cannot take records is a setup error.
-        sink.ensure_topic(topic).await?;
+        let Some(ready) = unless_stopped(&mut stop, sink.ensure_topic(topic)).await else {
+            return Ok(());
+        };
+        ready?;
     }
 
     tracing::info!(
@@ -170,12 +213,15 @@ async fn run_attempt(
         publication_created = prepared.publication_created,
         table = %spec.table,
         table_partitioned = prepared.outbox_partitioned,
+        failover_slot = prepared.failover_slot,
         start_lsn = %prepared.slot_lsn,
         "starting replication"
     );
-    conn.start_copy_both(&slot::start_replication_command(&spec, Lsn::ZERO))
-        .await
-        .map_err(explain)?;
+    let command = slot::start_replication_command(&spec, Lsn::ZERO);
+    let Some(started) = unless_stopped(&mut stop, conn.start_copy_both(&command)).await else {
+        return Ok(());
+    };
+    started.map_err(explain)?;
 
     let interval = status_interval(
         Duration::from_millis(config.postgres.status_interval_ms),
@@ -193,11 +239,27 @@ async fn run_attempt(
         flush_lsn: prepared.slot_lsn,
         ..Progress::default()
     };
+    let mut watch_connect = settings.connect.clone();
+    watch_connect.application_name.push_str(" (outbox watch)");
+    let watch = OutboxWatch::start(
+        WatchTarget {
+            publication: spec.publication.clone(),
+            table: spec.table.clone(),
+            outbox_oid: prepared.outbox_oid,
+            partitioned: prepared.outbox_partitioned,
+            state_table: spec.state_table.clone(),
+            slot: spec.slot.clone(),
+        },
+        watch_connect,
+    );
+    let mut tracker = AckTracker::new(prepared.slot_lsn, 0);
+    // Nothing is acknowledged until the watch has vouched for it.
+    tracker.cap_at(prepared.slot_lsn);
     let mut pipeline = Pipeline {
         conn,
         sink,
         notices,
-        tracker: AckTracker::new(prepared.slot_lsn, 0),
+        tracker,
         assembler: TxnAssembler::new(router, settings.table.clone(), prepared.outbox_oid, 0),
         max_in_flight: u64::try_from(config.relay.max_in_flight).unwrap_or(u64::MAX),
         dead_letter_topic,
@@ -212,7 +274,11 @@ async fn run_attempt(
         metrics: Arc::clone(metrics),
         last_status_at: Instant::now(),
         last_reported: prepared.slot_lsn,
+        last_recorded: prepared.slot_lsn,
         status_due: None,
+        watch,
+        publication: spec.publication.clone(),
+        table: spec.table.clone(),
     };
     pipeline
         .stream(interval, &mut stop)

@@ -81,13 +81,13 @@ pub fn render_line(event: &OutboxEvent, line: &mut Vec<u8>) {
     match (value.as_deref(), event.payload_format) {
         (None, _) => line.extend_from_slice(b"null"),
         // An envelope is a JSON object, whatever the payload's type.
-        (Some(bytes), _) if !event.envelope.is_empty() => line.extend_from_slice(bytes),
+        (Some(bytes), _) if !event.envelope.is_empty() => push_compact_json(line, bytes),
         // PostgreSQL's json is never empty; guard anyway so the line stays JSON.
         (Some(bytes), PayloadFormat::Json) if !bytes.trim_ascii().is_empty() => {
-            line.extend_from_slice(bytes)
+            push_compact_json(line, bytes)
         }
         (Some(bytes), PayloadFormat::Text) if is_json_document(bytes) => {
-            line.extend_from_slice(bytes)
+            push_compact_json(line, bytes)
         }
         (Some(bytes), PayloadFormat::Json | PayloadFormat::Text) => {
             push_json_string(line, &String::from_utf8_lossy(bytes))
@@ -111,6 +111,14 @@ fn is_json_document(bytes: &[u8]) -> bool {
     let trimmed = bytes.trim_ascii_start();
     matches!(trimmed.first(), Some(b'{') | Some(b'['))
         && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+}
+
+/// Appends a valid JSON text on one line: line breaks in valid JSON can only be
+/// whitespace between tokens (inside strings they must be escaped), so dropping them
+/// keeps the value and the one-event-a-line contract (a `json` column keeps its input's
+/// formatting, pretty-printed documents included).
+fn push_compact_json(line: &mut Vec<u8>, json: &[u8]) {
+    line.extend(json.iter().copied().filter(|b| !matches!(b, b'\n' | b'\r')));
 }
 
 fn push_json_string(line: &mut Vec<u8>, text: &str) {
@@ -226,6 +234,23 @@ mod tests {
             keys(&v),
             ["headers", "key", "lsn", "partition", "topic", "value"]
         );
+    }
+
+    #[test]
+    fn pretty_printed_json_payloads_stay_on_one_line() {
+        let pretty = "{\n  \"a\": [\n    1,\n    \"two\\nlines\"\r\n  ]\n}\n";
+        for format in [PayloadFormat::Json, PayloadFormat::Text] {
+            let mut line = Vec::new();
+            render_line(&event(Some(pretty), format), &mut line);
+            assert_eq!(
+                line.iter().filter(|&&b| b == b'\n').count(),
+                1,
+                "one line: {}",
+                String::from_utf8_lossy(&line)
+            );
+            let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+            assert_eq!(v["value"], serde_json::json!({"a": [1, "two\nlines"]}));
+        }
     }
 
     #[test]

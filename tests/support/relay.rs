@@ -77,6 +77,33 @@ impl Deref for RelayProcess {
     }
 }
 
+/// Runs `outbox-relay <args> --config <file with config_toml>` to its end (a one-shot
+/// command such as `slot create` or `backfill`); returns its exit status, stdout and
+/// stderr. Panics if it is still running after `timeout`.
+pub fn run_command(
+    args: &[&str],
+    config_toml: &str,
+    timeout: Duration,
+) -> (ExitStatus, String, String) {
+    let dir = tempfile::Builder::new()
+        .prefix("outbox-relay-test-")
+        .tempdir()
+        .expect("creating relay temp dir");
+    let config_path = dir.path().join("relay.toml");
+    std::fs::write(&config_path, config_toml)
+        .unwrap_or_else(|err| panic!("writing {}: {err}", config_path.display()));
+    let mut command = Command::new(RELAY_BIN);
+    command
+        .args(args)
+        .arg("--config")
+        .arg(&config_path)
+        .current_dir(dir.path())
+        .env("RUST_LOG", relay_log_filter());
+    let process = ChildProcess::spawn(&format!("relay {}", args.join(" ")), command);
+    let status = process.wait_exit(timeout);
+    (status, process.stdout(), process.stderr())
+}
+
 /// Runs the relay on `config_toml` until it exits by itself; returns its exit status,
 /// stdout and stderr. Panics (with the stderr tail) if it is still running after
 /// `timeout`. For tests that expect a startup error.

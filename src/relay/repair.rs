@@ -1,0 +1,306 @@
+//! The ways out after events could not be streamed: a new slot that knowingly starts past
+//! a gap (`outbox-relay slot create --accept-gap`), and a backfill that re-sends the
+//! outbox rows still in the table since a given time (`outbox-relay backfill`).
+//!
+//! A backfill is at-least-once like everything else: rows the consumers already have
+//! come again with the same event id, and consumers deduplicate by it. It reads the
+//! table through a cursor (bounded memory), routes each row exactly as the stream would
+//! (same router, same column mapping by name) and waits for every delivery report.
+
+use std::collections::HashSet;
+
+use tokio::sync::mpsc;
+
+use crate::config::{SinkKind, Validated};
+use crate::pg::conn::{PgConnection, SessionKind};
+use crate::pg::pgoutput::{ColumnValue, RelationBody, RelationColumn, TupleData};
+use crate::pg::slot::{self, SetupError, SourceSpec};
+use crate::pg::sql::{quote_ident, quote_literal};
+use crate::pg::{state, Lsn};
+use crate::relay::pipeline::AnySink;
+use crate::relay::router::{EventContext, Router};
+use crate::relay::RelayError;
+use crate::sink::kafka::KafkaSink;
+use crate::sink::stdout::StdoutSink;
+use crate::sink::{SendError, SinkError, SinkNotice};
+
+/// Rows fetched per cursor round trip.
+const BACKFILL_BATCH: usize = 1_000;
+
+fn spec(settings: &Validated) -> SourceSpec {
+    SourceSpec {
+        slot: settings.config.postgres.slot.clone(),
+        publication: settings.config.postgres.publication.clone(),
+        table: settings.table.clone(),
+        state_table: settings.state_table.clone(),
+        failover: settings.config.postgres.failover_slot,
+    }
+}
+
+fn definite(message: impl Into<String>) -> RelayError {
+    RelayError::Setup(SetupError::Definite(message.into()))
+}
+
+/// What `slot create` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedSlot {
+    pub slot: String,
+    pub start: Lsn,
+    /// The lost slot's last acknowledged position and when, if it had streamed.
+    pub gap_from: Option<(Option<Lsn>, Option<String>)>,
+}
+
+/// Creates the slot. When the record says an earlier slot of that name was streamed
+/// from (so events between its last acknowledged position and now were never relayed),
+/// only with `accept_gap`; the gap is written to the record.
+pub async fn create_slot(
+    settings: &Validated,
+    accept_gap: bool,
+) -> Result<CreatedSlot, RelayError> {
+    let spec = spec(settings);
+    let mut conn =
+        PgConnection::connect(&settings.connect, SessionKind::LogicalReplication).await?;
+    let exists = conn
+        .simple_query(&format!(
+            "SELECT confirmed_flush_lsn::text AS lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = {}",
+            quote_literal(&spec.slot)
+        ))
+        .await?;
+    if !exists.rows.is_empty() {
+        return Err(definite(format!(
+            "replication slot {:?} already exists (acknowledged up to {}): there is nothing to create; `outbox-relay run` streams from it",
+            spec.slot,
+            exists.get(0, "lsn").unwrap_or("an unknown position")
+        )));
+    }
+    state::ensure_table(&mut conn, &spec.state_table)
+        .await
+        .map_err(definite)?;
+    let record = state::read(&mut conn, &spec.state_table, &spec.slot).await?;
+    let lost = record.filter(state::SlotRecord::streamed);
+    if let Some(record) = &lost {
+        if !accept_gap {
+            return Err(definite(state::lost_slot_message(
+                &spec.slot,
+                &spec.state_table,
+                record,
+                "--config FILE",
+            )));
+        }
+    }
+    let identify = conn.simple_query("IDENTIFY_SYSTEM").await?;
+    let system_id = identify.get(0, "systemid").unwrap_or_default().to_owned();
+    let version_num: u32 = conn
+        .simple_query("SHOW server_version_num")
+        .await?
+        .rows
+        .first()
+        .and_then(|r| r.first().cloned().flatten())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let failover = spec.failover && version_num >= slot::FAILOVER_SLOTS_SINCE;
+    let start = slot::create_slot(&mut conn, &spec, &system_id, failover).await?;
+    let gap_from = match lost {
+        Some(record) => {
+            conn.simple_query(&state::gap_sql(
+                &spec.state_table,
+                &spec.slot,
+                record.acknowledged_lsn,
+                start,
+            ))
+            .await?;
+            tracing::warn!(
+                slot = %spec.slot,
+                gap_from = %record.acknowledged_lsn.map_or_else(|| "unknown".to_owned(), |l| l.to_string()),
+                gap_to = %start,
+                "created the slot past a gap, as asked: events committed in the gap were not relayed"
+            );
+            Some((record.acknowledged_lsn, record.acknowledged_at))
+        }
+        None => None,
+    };
+    Ok(CreatedSlot {
+        slot: spec.slot,
+        start,
+        gap_from,
+    })
+}
+
+/// What a backfill did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackfillReport {
+    pub rows: u64,
+    pub delivered: u64,
+    /// Rows that could not be routed (each logged with its reason).
+    pub unroutable: u64,
+}
+
+/// Re-sends every row of the outbox whose `column` is at or after `since` (a timestamp
+/// PostgreSQL understands), oldest first, through the configured sink, and waits until
+/// each is delivered.
+pub async fn backfill(
+    settings: &Validated,
+    since: &str,
+    column: &str,
+) -> Result<BackfillReport, RelayError> {
+    let config = &settings.config;
+    let router = Router::try_new(&config.outbox).map_err(|problems| {
+        RelayError::Config(crate::config::ConfigError::Invalid {
+            path: "[outbox]".into(),
+            problems,
+        })
+    })?;
+    let (notice_tx, mut notices) = mpsc::unbounded_channel();
+    let mut sink = match config.sink.kind {
+        SinkKind::Stdout => AnySink::Stdout(StdoutSink::stdout(notice_tx)),
+        SinkKind::Kafka => {
+            let kafka = config.kafka.as_ref().ok_or_else(|| {
+                SinkError::KafkaSetup("[sink] type = \"kafka\" needs a [kafka] section".into())
+            })?;
+            AnySink::Kafka(Box::new(KafkaSink::new(
+                kafka,
+                notice_tx,
+                config.relay.max_in_flight,
+                false,
+            )?))
+        }
+    };
+
+    let mut conn = PgConnection::connect(&settings.connect, SessionKind::Sql).await?;
+    conn.simple_query("BEGIN READ ONLY").await?;
+    let declare = format!(
+        "DECLARE outbox_backfill NO SCROLL CURSOR FOR SELECT * FROM {} WHERE {} >= {}::timestamptz ORDER BY {}",
+        settings.table.quoted(),
+        quote_ident(column),
+        quote_literal(since),
+        quote_ident(column)
+    );
+    conn.simple_query(&declare).await.map_err(|e| {
+        definite(format!(
+            "cannot read the outbox rows since {since:?} by column {column:?}: {e} (give --column a timestamp column of {})",
+            settings.table
+        ))
+    })?;
+    let commit_ts_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let mut report = BackfillReport::default();
+    let mut in_flight: u64 = 0;
+    let mut ready_topics: HashSet<String> = HashSet::new();
+    let max_in_flight = u64::try_from(config.relay.max_in_flight).unwrap_or(u64::MAX);
+    loop {
+        let batch = conn
+            .simple_query(&format!("FETCH {BACKFILL_BATCH} FROM outbox_backfill"))
+            .await?;
+        if batch.rows.is_empty() {
+            break;
+        }
+        let relation = RelationBody {
+            xid: None,
+            relation_id: 0,
+            namespace: settings.table.schema.clone(),
+            name: settings.table.name.clone(),
+            replica_identity: b'd',
+            columns: batch
+                .columns
+                .iter()
+                .zip(&batch.column_types)
+                .map(|(name, type_oid)| RelationColumn {
+                    is_key: false,
+                    name: name.clone(),
+                    type_oid: *type_oid,
+                    type_modifier: -1,
+                })
+                .collect(),
+        };
+        let resolved = router.resolve(&relation);
+        for row in &batch.rows {
+            report.rows += 1;
+            let tuple = TupleData {
+                columns: row
+                    .iter()
+                    .map(|value| match value {
+                        Some(text) => ColumnValue::Text(text.as_bytes().to_vec()),
+                        None => ColumnValue::Null,
+                    })
+                    .collect(),
+            };
+            let context = EventContext {
+                lsn: Lsn::ZERO,
+                commit_ts_ms,
+            };
+            let event = match router.route(&resolved, &tuple, context) {
+                Ok(event) => event,
+                Err(error) => {
+                    report.unroutable += 1;
+                    tracing::error!(error = %error, row = report.rows, "backfill: row cannot be routed; skipped");
+                    continue;
+                }
+            };
+            if ready_topics.insert(event.topic.clone()) {
+                sink.ensure_topic(&event.topic).await?;
+            }
+            let mut pending = Some(event);
+            while let Some(event) = pending.take() {
+                match sink.sink().send(event, 0) {
+                    Ok(()) => in_flight += 1,
+                    Err(SendError::QueueFull(event)) => {
+                        pending = Some(*event);
+                        settle(&mut notices, &mut in_flight, &mut report, 1).await?;
+                    }
+                    Err(SendError::Refused { reason, event }) => {
+                        return Err(RelayError::Undeliverable {
+                            topic: event.topic,
+                            lsn: Lsn::ZERO,
+                            reason,
+                        })
+                    }
+                    Err(SendError::Sink(error)) => return Err(error.into()),
+                }
+            }
+            if in_flight >= max_in_flight {
+                sink.sink().flush()?;
+                settle(&mut notices, &mut in_flight, &mut report, 1).await?;
+            }
+        }
+    }
+    conn.simple_query("COMMIT").await?;
+    sink.sink().flush()?;
+    let all = in_flight;
+    settle(&mut notices, &mut in_flight, &mut report, all).await?;
+    Ok(report)
+}
+
+/// Waits for `at_least` delivery notices (and takes any others already there).
+async fn settle(
+    notices: &mut mpsc::UnboundedReceiver<SinkNotice>,
+    in_flight: &mut u64,
+    report: &mut BackfillReport,
+    at_least: u64,
+) -> Result<(), RelayError> {
+    let mut settled = 0;
+    while settled < at_least || !notices.is_empty() {
+        let Some(notice) = notices.recv().await else {
+            break;
+        };
+        match notice {
+            SinkNotice::Delivered { .. } => {
+                settled += 1;
+                *in_flight = in_flight.saturating_sub(1);
+                report.delivered += 1;
+            }
+            SinkNotice::Failed { failure, .. } => {
+                return Err(RelayError::Undeliverable {
+                    topic: String::new(),
+                    lsn: Lsn::ZERO,
+                    reason: failure.reason,
+                })
+            }
+            SinkNotice::Fatal { reason } => {
+                return Err(RelayError::Sink(SinkError::KafkaFatal(reason)))
+            }
+            SinkNotice::ClientError => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! The outbox watch: a side connection that vouches, on request, for the positions the
+//! relay acknowledges.
+//!
+//! ```text
+//!  pipeline ──request──▶ watch task (ordinary SQL session)
+//!                          1. SELECT pg_current_wal_lsn()          → L
+//!                          2. read the publication identity        (snapshot after L)
+//!                          3. same as when streaming began?
+//!  pipeline ◀──Vouched(L)── yes: every outbox row committed before L was published
+//!           ◀──Changed──── no:  what changed, and the last position vouched for
+//! ```
+//!
+//! Why: if the outbox leaves the publication (renamed and replaced, dropped from it,
+//! publication dropped), its new rows are simply not streamed. Nothing in the stream says
+//! so, and an idle relay follows the server's WAL, so it would acknowledge past rows it
+//! never saw. The ack tracker therefore never reports a position past the last one
+//! vouched for here (see [`crate::relay::ack::AckTracker::vouch`]). Reading the position
+//! *before* the identity makes the argument hold: a change committed before `L` is
+//! visible to the identity read that follows.
+//!
+//! The pipeline asks when it has something to acknowledge past the vouched position (a
+//! delivery, a status tick), so a check runs at most once per request and never blocks
+//! the loop. The same connection writes the acknowledged position into the relay's state
+//! table ([`crate::pg::state`]) once per status interval, for the lost-slot check.
+
+use tokio::sync::mpsc;
+
+use crate::pg::conn::{PgConnection, PgError, SessionKind};
+use crate::pg::publication::{identity_query, PublicationChange, PublicationIdentity};
+use crate::pg::sql::QualifiedName;
+use crate::pg::state;
+use crate::pg::url::ConnectParams;
+use crate::pg::Lsn;
+
+/// What a check found.
+#[derive(Debug)]
+pub enum WatchReport {
+    /// The publication covers the outbox as it did; positions up to this are safe.
+    Vouched(Lsn),
+    /// It does not any more.
+    Changed(PublicationChange),
+    /// The side connection failed (retryable like the replication connection).
+    Failed(PgError),
+    /// The first reading already does not match what the relay prepared.
+    Invalid(String),
+}
+
+/// What the watch checks and where it records.
+#[derive(Debug, Clone)]
+pub struct WatchTarget {
+    pub publication: String,
+    pub table: QualifiedName,
+    pub outbox_oid: u32,
+    pub partitioned: bool,
+    pub state_table: QualifiedName,
+    pub slot: String,
+}
+
+/// The pipeline's handle on the watch task.
+pub struct OutboxWatch {
+    requests: mpsc::Sender<()>,
+    records: mpsc::Sender<Lsn>,
+    reports: mpsc::Receiver<WatchReport>,
+    /// Since when a check (or the first reading) is awaited.
+    pending_since: Option<std::time::Instant>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl OutboxWatch {
+    /// Starts the task: connects, takes the baseline reading and vouches for the first
+    /// position (the first report).
+    pub fn start(target: WatchTarget, connect: ConnectParams) -> Self {
+        let WatchTarget {
+            publication,
+            table,
+            outbox_oid,
+            partitioned,
+            state_table,
+            slot,
+        } = target;
+        let (requests, mut request_rx) = mpsc::channel::<()>(1);
+        let (records, mut record_rx) = mpsc::channel::<Lsn>(1);
+        let (report_tx, reports) = mpsc::channel(4);
+        let task = tokio::spawn(async move {
+            let mut conn = match PgConnection::connect(&connect, SessionKind::Sql).await {
+                Ok(conn) => conn,
+                Err(error) => {
+                    let _ = report_tx.send(WatchReport::Failed(error)).await;
+                    return;
+                }
+            };
+            let query = identity_query(&publication, &table);
+            let baseline = match read(&mut conn, &query).await {
+                Ok((lsn, identity)) => {
+                    if identity.table_oid != Some(outbox_oid) || !identity.published {
+                        let _ = report_tx
+                            .send(WatchReport::Invalid(format!(
+                                "the outbox {table} changed while the relay was starting (relation id {:?}, expected {outbox_oid}; published: {})",
+                                identity.table_oid, identity.published
+                            )))
+                            .await;
+                        return;
+                    }
+                    if report_tx.send(WatchReport::Vouched(lsn)).await.is_err() {
+                        return;
+                    }
+                    identity
+                }
+                Err(report) => {
+                    let _ = report_tx.send(report).await;
+                    return;
+                }
+            };
+            loop {
+                let report = tokio::select! {
+                    request = request_rx.recv() => {
+                        if request.is_none() {
+                            return;
+                        }
+                        match read(&mut conn, &query).await {
+                            Ok((lsn, identity)) => {
+                                match PublicationChange::between(&baseline, &identity, partitioned) {
+                                    None => WatchReport::Vouched(lsn),
+                                    Some(change) => WatchReport::Changed(change),
+                                }
+                            }
+                            Err(report) => report,
+                        }
+                    }
+                    Some(lsn) = record_rx.recv() => {
+                        match conn.simple_query(&state::acknowledged_sql(&state_table, &slot, lsn)).await {
+                            Ok(_) => continue,
+                            Err(error) => WatchReport::Failed(error),
+                        }
+                    }
+                };
+                let done = !matches!(report, WatchReport::Vouched(_));
+                if report_tx.send(report).await.is_err() || done {
+                    return;
+                }
+            }
+        });
+        OutboxWatch {
+            requests,
+            records,
+            reports,
+            // The first report comes without a request.
+            pending_since: Some(std::time::Instant::now()),
+            task,
+        }
+    }
+
+    /// Asks for a check unless one is under way.
+    pub fn request(&mut self) {
+        if self.pending_since.is_none() && self.requests.try_send(()).is_ok() {
+            self.pending_since = Some(std::time::Instant::now());
+        }
+    }
+
+    /// How long the awaited check has been under way (a side connection that stopped
+    /// answering would otherwise stop every acknowledgement without a word).
+    pub fn waiting_for(&self, now: std::time::Instant) -> std::time::Duration {
+        self.pending_since
+            .map_or(std::time::Duration::ZERO, |since| {
+                now.saturating_duration_since(since)
+            })
+    }
+
+    /// Writes `lsn` as the acknowledged position into the state table (skipped when a
+    /// write is still queued: the next one carries a newer position).
+    pub fn record(&mut self, lsn: Lsn) {
+        let _ = self.records.try_send(lsn);
+    }
+
+    /// The next report (cancel-safe: use it in `select!`). `None` once the task ended
+    /// without a report, which it never does while the handle lives.
+    pub async fn next_report(&mut self) -> Option<WatchReport> {
+        let report = self.reports.recv().await;
+        self.pending_since = None;
+        report
+    }
+}
+
+impl Drop for OutboxWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The WAL position, then the identity (in that order: see the module doc).
+async fn read(
+    conn: &mut PgConnection,
+    query: &str,
+) -> Result<(Lsn, PublicationIdentity), WatchReport> {
+    let position = conn
+        .simple_query("SELECT pg_catalog.pg_current_wal_lsn()::text AS lsn")
+        .await
+        .map_err(WatchReport::Failed)?;
+    let lsn: Lsn = position
+        .get(0, "lsn")
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| WatchReport::Invalid("pg_current_wal_lsn() returned no position".into()))?;
+    let identity = conn
+        .simple_query(query)
+        .await
+        .map_err(WatchReport::Failed)?;
+    let identity = PublicationIdentity::from_result(&identity).map_err(WatchReport::Invalid)?;
+    Ok((lsn, identity))
+}

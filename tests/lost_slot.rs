@@ -1,0 +1,169 @@
+//! A lost slot is never silently replaced. Once a relay has streamed from its slot, it
+//! records that (and its acknowledged position) in the database; if the slot is gone
+//! later (dropped, removed by `max_slot_wal_keep_size`, missing after a failover), a new
+//! slot would start at the current position and skip everything committed in between,
+//! so the relay refuses and names the ways out: `slot create --accept-gap`, then
+//! `backfill --since` for the rows still in the table.
+
+mod support;
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+use support::outbox::{cluster_with_outbox, plain, start_streaming, stdout_config, SLOT, WAIT};
+use support::relay::run_command;
+use support::{PgCluster, PgOptions, RelayProcess};
+
+fn insert(pg: &PgCluster, kind: &str, n: usize) -> Vec<String> {
+    let mut client = pg.client_db("app");
+    (0..n)
+        .map(|_| {
+            client
+                .query_one(
+                    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+                     VALUES ($1, 'a', 'T', '{}') RETURNING id::text",
+                    &[&kind],
+                )
+                .expect("insert")
+                .get(0)
+        })
+        .collect()
+}
+
+fn ids(stdout: &str) -> HashSet<String> {
+    stdout
+        .lines()
+        .map(|line| {
+            let event: Value = serde_json::from_str(line).expect("a JSON line");
+            event["headers"]["id"].as_str().expect("an id").to_owned()
+        })
+        .collect()
+}
+
+fn slot_exists(pg: &PgCluster) -> bool {
+    pg.client()
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
+            &[&SLOT],
+        )
+        .unwrap()
+        .is_some()
+}
+
+#[test]
+fn a_dropped_slot_is_refused_then_recreated_knowingly_and_the_gap_backfilled() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let config = stdout_config(&pg);
+    let relay = start_streaming(&config);
+    let before = insert(&pg, "before", 3);
+    relay.wait_for_lines(3, WAIT);
+    // The relay notes its acknowledged position in the database (every status interval).
+    let recorded = support::wait_for("the acknowledged position is recorded", WAIT, || {
+        pg.client_db("app")
+            .query_opt(
+                "SELECT acknowledged_lsn::text, acknowledged_at::text FROM outbox_relay_state
+                 WHERE slot_name = $1 AND acknowledged_lsn >= $2::text::pg_lsn",
+                &[&SLOT, &support::u64_to_lsn(pg.current_wal_lsn())],
+            )
+            .ok()
+            .flatten()
+            .map(|row| (row.get::<_, String>(0), row.get::<_, String>(1)))
+    });
+    relay.sigterm();
+    assert!(relay.wait_exit(WAIT).success());
+    let (acknowledged_lsn, acknowledged_at) = pg
+        .client_db("app")
+        .query_one(
+            "SELECT acknowledged_lsn::text, acknowledged_at::text FROM outbox_relay_state WHERE slot_name = $1",
+            &[&SLOT],
+        )
+        .map(|row| (row.get::<_, String>(0), row.get::<_, String>(1)))
+        .unwrap();
+    assert!(support::lsn_to_u64(&acknowledged_lsn) >= support::lsn_to_u64(&recorded.0));
+
+    // Committed while the relay was down, then the slot is lost.
+    let gap = insert(&pg, "gap", 3);
+    pg.client_db("app")
+        .batch_execute("SELECT pg_drop_replication_slot('outbox_relay')")
+        .unwrap();
+
+    let (status, _stdout, stderr) = support::run_relay_to_exit(&config, WAIT);
+    assert!(!status.success());
+    let stderr = plain(&stderr);
+    for needle in [
+        "\"outbox_relay\" does not exist, but this relay streamed from it",
+        acknowledged_lsn.as_str(),
+        acknowledged_at.as_str(),
+        "slot create --accept-gap",
+        "backfill",
+    ] {
+        assert!(stderr.contains(needle), "says {needle:?}: {stderr}");
+    }
+    assert!(
+        !slot_exists(&pg),
+        "no slot was created behind the operator's back"
+    );
+
+    // `slot create` without --accept-gap refuses the same way.
+    let (status, _, stderr) = run_command(&["slot", "create"], &config, WAIT);
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        plain(&stderr).contains("slot create --accept-gap"),
+        "{stderr}"
+    );
+    assert!(!slot_exists(&pg));
+
+    // Knowingly: a new slot, and the relay streams again.
+    let (status, _, stderr) = run_command(&["slot", "create", "--accept-gap"], &config, WAIT);
+    assert!(status.success(), "{stderr}");
+    let stderr = plain(&stderr);
+    assert!(
+        stderr.contains("were not relayed") && stderr.contains("backfill"),
+        "names the gap and the backfill: {stderr}"
+    );
+    let (gap_from, gap_to): (Option<String>, Option<String>) = pg
+        .client_db("app")
+        .query_one(
+            "SELECT gap_from_lsn::text, gap_to_lsn::text FROM outbox_relay_state WHERE slot_name = $1",
+            &[&SLOT],
+        )
+        .map(|row| (row.get(0), row.get(1)))
+        .unwrap();
+    assert_eq!(gap_from.as_deref(), Some(acknowledged_lsn.as_str()));
+    assert!(gap_to.is_some(), "the gap is recorded");
+
+    let relay = RelayProcess::start(&config);
+    relay.wait_for_stderr("starting replication", WAIT);
+    let after = insert(&pg, "after", 2);
+    let streamed: HashSet<String> = relay
+        .wait_for_lines(2, WAIT)
+        .iter()
+        .map(|line| {
+            serde_json::from_str::<Value>(line).unwrap()["headers"]["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        streamed,
+        after.iter().cloned().collect(),
+        "only new rows stream"
+    );
+
+    // The backfill re-sends the rows written since the last acknowledgement.
+    let (status, stdout, stderr) =
+        run_command(&["backfill", "--since", &acknowledged_at], &config, WAIT);
+    assert!(status.success(), "{stderr}");
+    let backfilled = ids(&stdout);
+    for id in &gap {
+        assert!(backfilled.contains(id), "gap row {id} re-sent: {stdout}");
+    }
+    for id in &before {
+        assert!(
+            !backfilled.contains(id),
+            "row {id} from before the acknowledged time is not re-sent"
+        );
+    }
+    assert!(plain(&stderr).contains("delivered"), "{stderr}");
+}

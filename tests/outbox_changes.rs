@@ -1,0 +1,140 @@
+//! The outbox changed under a running relay, as users do it: renamed and replaced,
+//! dropped and created again, removed from the publication. The new rows are not
+//! streamed at all, so only the outbox watch (a side connection checking that the
+//! publication still publishes the same outbox) can tell; the relay must stop, name the
+//! change and the position from which rows may be missing, and acknowledge nothing past
+//! it (an idle relay would otherwise follow the server's WAL past the unseen rows).
+
+mod support;
+
+use serde_json::Value;
+use support::outbox::{cluster_with_outbox, plain, stdout_config, SLOT, WAIT};
+use support::{PgCluster, RelayProcess};
+
+fn insert(pg: &PgCluster, n: u32) -> String {
+    let id = format!("30000000-0000-0000-0000-{n:012}");
+    pg.client_db("app")
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+             VALUES ($1::text::uuid, 'order', 'o', 'T', '{}')",
+            &[&id],
+        )
+        .unwrap_or_else(|e| panic!("inserting event {n}: {e}"));
+    id
+}
+
+fn ids(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|line| {
+            let event: Value = serde_json::from_str(line).expect("a JSON line");
+            event["headers"]["id"].as_str().expect("an id").to_owned()
+        })
+        .collect()
+}
+
+/// Runs `change` (statements, each in its own transaction) under a streaming relay, then writes two rows the way the application
+/// would: the relay must stop without acknowledging them, with a message containing
+/// every one of `needles`. Returns the relay's stderr.
+fn change_under_the_relay(change: &[&str], needles: &[&str]) -> (PgCluster, String) {
+    let pg = cluster_with_outbox(support::PgOptions::default());
+    let relay = RelayProcess::start(&stdout_config(&pg));
+    relay.wait_for_stderr("starting replication", WAIT);
+    let delivered = insert(&pg, 1);
+    assert_eq!(ids(&relay.wait_for_lines(1, WAIT)), [delivered]);
+
+    let mut client = pg.client_db("app");
+    for statement in change {
+        client
+            .batch_execute(statement)
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    let after_change = pg.current_wal_lsn();
+    insert(&pg, 2);
+    insert(&pg, 3);
+    // Traffic elsewhere moves the server's WAL on, as on any busy database: an idle
+    // relay would acknowledge it.
+    pg.client_db("app")
+        .batch_execute("CREATE TABLE elsewhere (n int); INSERT INTO elsewhere VALUES (1)")
+        .unwrap();
+
+    let status = relay.wait_exit(WAIT);
+    assert!(!status.success(), "the relay stops");
+    let stderr = plain(&relay.stderr());
+    for needle in needles {
+        assert!(stderr.contains(needle), "says {needle:?}: {stderr}");
+    }
+    assert!(
+        stderr.contains("may not have been streamed") && stderr.contains("re-send"),
+        "says from where rows may be missing and what to re-send: {stderr}"
+    );
+    let confirmed = pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(u64::MAX);
+    assert!(
+        confirmed <= after_change,
+        "acknowledged {} past the change at {}",
+        support::u64_to_lsn(confirmed),
+        support::u64_to_lsn(after_change)
+    );
+    (pg, stderr)
+}
+
+#[test]
+fn renamed_and_replaced_outbox_stops_the_relay_unacknowledged() {
+    let (pg, _) = change_under_the_relay(
+        &[
+            "ALTER TABLE outbox RENAME TO outbox_old",
+            "CREATE TABLE outbox (LIKE outbox_old INCLUDING ALL)",
+        ],
+        &[
+            "another table",
+            "ALTER PUBLICATION \"outbox_relay\" ADD TABLE \"public\".\"outbox\"",
+        ],
+    );
+    // The repair: the new table joins the publication; rows written from then on flow.
+    pg.client_db("app")
+        .batch_execute("ALTER PUBLICATION outbox_relay ADD TABLE outbox")
+        .unwrap();
+    let relay = RelayProcess::start(&stdout_config(&pg));
+    relay.wait_for_stderr("starting replication", WAIT);
+    let later = insert(&pg, 4);
+    let lines = relay.wait_for_lines(1, WAIT);
+    assert!(ids(&lines).contains(&later), "{lines:?}");
+}
+
+#[test]
+fn dropped_and_recreated_outbox_stops_the_relay_unacknowledged() {
+    change_under_the_relay(
+        &[
+            "DROP TABLE outbox",
+            "CREATE TABLE outbox (
+                 id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL,
+                 type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())",
+        ],
+        &["ALTER PUBLICATION \"outbox_relay\" ADD TABLE"],
+    );
+}
+
+#[test]
+fn outbox_removed_from_the_publication_stops_the_relay_unacknowledged() {
+    change_under_the_relay(
+        &["ALTER PUBLICATION outbox_relay DROP TABLE outbox"],
+        &[
+            "removed from the publication",
+            "ALTER PUBLICATION \"outbox_relay\" ADD TABLE",
+        ],
+    );
+}
+
+/// Removed and added back between two checks: the rows written in between were never
+/// streamed, and the membership row's new id gives it away.
+#[test]
+fn outbox_removed_and_added_back_stops_the_relay_unacknowledged() {
+    change_under_the_relay(
+        &[
+            "ALTER PUBLICATION outbox_relay DROP TABLE outbox",
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('lost', 'l', 'T', '{}')",
+            "ALTER PUBLICATION outbox_relay ADD TABLE outbox",
+        ],
+        &["removed from the publication and added again"],
+    );
+}
