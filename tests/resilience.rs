@@ -283,7 +283,10 @@ fn a_dropped_publication_stops_with_the_fix() {
     pg.client_db("app")
         .batch_execute("DROP PUBLICATION outbox_relay")
         .unwrap();
+    let before = pg.current_wal_lsn();
     insert(&pg, "pub", 1..2);
+    // Up to PostgreSQL 17 decoding the insert fails; 18 skips it with a WARNING
+    // ("skipped loading publication") and streams on. Either way: stop, no ack past it.
     let status = relay.wait_exit(WAIT);
     assert!(!status.success());
     let stderr = relay.stderr();
@@ -295,6 +298,17 @@ fn a_dropped_publication_stops_with_the_fix() {
         stderr.contains("CREATE PUBLICATION"),
         "says how to fix it: {stderr}"
     );
+    if pg.server_version_num() >= 180_000 {
+        assert!(
+            stderr.contains("skipped loading publication"),
+            "stopped on PostgreSQL 18's warning: {stderr}"
+        );
+    }
+    assert!(
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap() <= before,
+        "the insert after the drop is not acknowledged"
+    );
+    assert_eq!(relay.lines().len(), 1, "{:?}", relay.lines());
 }
 
 #[test]

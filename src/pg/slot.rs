@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::pg::conn::{PgConnection, PgError};
+use crate::pg::conn::{DbError, PgConnection, PgError};
 use crate::pg::lsn::Lsn;
 use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
 
@@ -30,11 +30,14 @@ pub struct PreparedSource {
     pub server_version: String,
 }
 
-/// A problem with the source that retrying will not fix.
+/// A problem with the source: definite (retrying will not fix it) unless said otherwise.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     #[error("{0}")]
     Definite(String),
+    /// Retryable: the server may be promoted.
+    #[error("PostgreSQL is in recovery (a standby, or restoring a backup): the relay streams only from a primary, so it waits while in recovery until the server is promoted")]
+    InRecovery,
     #[error(transparent)]
     Pg(#[from] PgError),
 }
@@ -62,6 +65,23 @@ pub async fn prepare(
             "PostgreSQL has wal_level={}, logical replication needs wal_level=logical: set wal_level=logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL",
             wal_level.as_deref().unwrap_or("unknown")
         )));
+    }
+
+    // PostgreSQL 16 and later decode on a standby too, and such a stream runs on
+    // through a promotion: the timeline change (which must stop the relay) would go
+    // unnoticed. Before 16 the server refuses it ("logical decoding cannot be used
+    // while in recovery"). Wait for a primary on every version.
+    let in_recovery = conn
+        .simple_query("SELECT pg_catalog.pg_is_in_recovery()")
+        .await?;
+    if in_recovery
+        .rows
+        .first()
+        .and_then(|r| r.first().cloned().flatten())
+        .as_deref()
+        == Some("t")
+    {
+        return Err(SetupError::InRecovery);
     }
 
     let identify = conn.simple_query("IDENTIFY_SYSTEM").await?;
@@ -236,7 +256,7 @@ pub fn explain_server_error(error: PgError, spec: &SourceSpec, user: &str) -> Se
     match db.code.as_str() {
         "42501" if message.contains("replication") || message.contains("WAL sender") => {
             definite(format!(
-                "role {user:?} may not stream the WAL ({message}): run ALTER ROLE {} WITH REPLICATION, or use a role that has it",
+                "role {user:?} may not stream the WAL ({message}): logical replication needs a role with the REPLICATION attribute; run ALTER ROLE {} WITH REPLICATION, or use a role that has it",
                 quote_ident(user)
             ))
         }
@@ -252,15 +272,32 @@ pub fn explain_server_error(error: PgError, spec: &SourceSpec, user: &str) -> Se
                 quote_literal(slot)
             ))
         }
-        "42704" if message.contains("publication") => definite(format!(
-            "publication {publication:?} does not exist ({message}); was it dropped? Recreate it as the owner of {}: CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'). If PostgreSQL still reports it missing, the slot's unread WAL predates the new publication: drop the slot (SELECT pg_drop_replication_slot({})), restart the relay, and reconcile outbox rows written since the last acknowledged position",
-            spec.table,
-            quote_ident(publication),
-            spec.table.quoted(),
-            quote_literal(slot)
-        )),
+        "42704" if message.contains("publication") => publication_missing(spec, message),
+        _ if skips_publication(db, publication) => publication_missing(spec, message),
         _ => error.into(),
     }
+}
+
+/// Whether a notice on the replication stream says PostgreSQL is skipping changes
+/// because the publication is missing. PostgreSQL 18 no longer fails when a publication
+/// named in START_REPLICATION does not exist at a point of the WAL: pgoutput sends
+/// `WARNING: skipped loading publication "name"` and leaves out every change of that
+/// part of the WAL, outbox inserts included (up to 17 it is an ERROR, 42704). The
+/// relay must stop there, before it acknowledges past the skipped rows. Matched on the
+/// publication's name (untranslated) in a WARNING, not on the (translatable) wording.
+pub fn skips_publication(notice: &DbError, publication: &str) -> bool {
+    notice.severity == "WARNING" && notice.message.contains(&format!("\"{publication}\""))
+}
+
+fn publication_missing(spec: &SourceSpec, message: &str) -> SetupError {
+    let publication = &spec.publication;
+    definite(format!(
+        "publication {publication:?} does not exist ({message}); was it dropped? Recreate it as the owner of {}: CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'). If PostgreSQL still reports it missing, the slot's unread WAL predates the new publication: drop the slot (SELECT pg_drop_replication_slot({})), restart the relay, and reconcile outbox rows written since the last acknowledged position",
+        spec.table,
+        quote_ident(publication),
+        spec.table.quoted(),
+        quote_literal(&spec.slot)
+    ))
 }
 
 /// The `START_REPLICATION` command for protocol version 1 (a transaction is sent only
@@ -344,6 +381,11 @@ mod tests {
                 "pg_drop_replication_slot",
             ),
             (
+                "42501",
+                "permission denied to start WAL sender",
+                "REPLICATION attribute",
+            ),
+            (
                 "42704",
                 "publication \"outbox_relay\" does not exist",
                 "CREATE PUBLICATION",
@@ -365,6 +407,43 @@ mod tests {
             ),
             SetupError::Pg(_)
         ));
+    }
+
+    #[test]
+    fn a_skipped_publication_warning_stops_like_the_error_of_older_versions() {
+        let spec = SourceSpec {
+            slot: "outbox_relay".into(),
+            publication: "outbox_relay".into(),
+            table: QualifiedName::parse("public.outbox").unwrap(),
+        };
+        // As PostgreSQL 18 sends it in the middle of the stream.
+        let warning = crate::pg::conn::DbError {
+            severity: "WARNING".into(),
+            code: "55000".into(),
+            message: "skipped loading publication \"outbox_relay\"".into(),
+            detail: Some("The publication does not exist at this point in the WAL.".into()),
+            hint: Some("Create the publication if it does not exist.".into()),
+        };
+        assert!(skips_publication(&warning, "outbox_relay"));
+        assert!(
+            !skips_publication(&warning, "outbox"),
+            "another publication's name"
+        );
+        let notice = crate::pg::conn::DbError {
+            severity: "NOTICE".into(),
+            ..warning.clone()
+        };
+        assert!(!skips_publication(&notice, "outbox_relay"));
+        match explain_server_error(PgError::Db(warning), &spec, "app") {
+            SetupError::Definite(text) => {
+                assert!(
+                    text.contains("publication \"outbox_relay\" does not exist"),
+                    "{text}"
+                );
+                assert!(text.contains("CREATE PUBLICATION"), "{text}");
+            }
+            other => panic!("should be definite, got {other:?}"),
+        }
     }
 
     #[test]

@@ -95,7 +95,8 @@ impl RelayError {
                 }
                 _ => false,
             },
-            RelayError::StreamEnded
+            RelayError::Setup(SetupError::InRecovery)
+            | RelayError::StreamEnded
             | RelayError::Silent { .. }
             | RelayError::SinkStalled { .. } => true,
             RelayError::Sink(SinkError::KafkaFatal(_) | SinkError::TopicUnavailable { .. }) => true,

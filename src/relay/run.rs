@@ -201,6 +201,7 @@ async fn run_attempt(
         max_in_flight: u64::try_from(config.relay.max_in_flight).unwrap_or(u64::MAX),
         dead_letter_topic,
         source_table: settings.table.to_string(),
+        publication: spec.publication.clone(),
         stalled: VecDeque::new(),
         progress: start,
         logged: start,
