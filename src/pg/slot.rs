@@ -187,7 +187,9 @@ async fn ensure_slot(
     let slot = &spec.slot;
     let found = conn
         .simple_query(&format!(
-            "SELECT plugin, slot_type, database, wal_status, confirmed_flush_lsn, current_database() AS current_db FROM pg_catalog.pg_replication_slots WHERE slot_name = {}",
+            // invalidation_reason exists from PostgreSQL 17 on; through jsonb it reads
+            // as NULL on 13 to 16 instead of failing.
+            "SELECT plugin, slot_type, database, wal_status, to_jsonb(s) ->> 'invalidation_reason' AS invalidation_reason, confirmed_flush_lsn, current_database() AS current_db FROM pg_catalog.pg_replication_slots s WHERE slot_name = {}",
             quote_literal(slot)
         ))
         .await?;
@@ -231,10 +233,12 @@ async fn ensure_slot(
         )));
     }
     if found.get(0, "wal_status") == Some("lost") {
-        return Err(definite(format!(
-            "replication slot {slot:?} is invalidated (wal_status = lost): the WAL it needed was removed, usually because of max_slot_wal_keep_size. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}) and start again (a new slot starts at the current position), then reconcile the outbox rows written meanwhile",
-            quote_literal(slot)
-        )));
+        let reason = found.get(0, "invalidation_reason");
+        let state = match reason {
+            Some(reason) => format!("wal_status = lost, invalidation_reason = {reason}"),
+            None => "wal_status = lost".to_owned(),
+        };
+        return Err(invalidated_slot(slot, &state, reason));
     }
     let lsn = found
         .get(0, "confirmed_flush_lsn")
@@ -266,16 +270,40 @@ pub fn explain_server_error(error: PgError, spec: &SourceSpec, user: &str) -> Se
         "3D000" => definite(format!(
             "{message}: check the database name in [postgres] url (the outbox table's database)"
         )),
-        "55000" if message.contains("can no longer get changes") || message.contains("invalidated") => {
-            definite(format!(
-                "replication slot {slot:?} is invalidated ({message}): the WAL it needed was removed, usually because of max_slot_wal_keep_size. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}) and start again (a new slot starts at the current position), then reconcile the outbox rows written meanwhile",
-                quote_literal(slot)
-            ))
+        // The wording differs by version (13-15: "cannot read from logical replication
+        // slot", 16-17: "can no longer get changes from replication slot", 18: "can no
+        // longer access replication slot"); every version's detail says "invalidated".
+        "55000"
+            if message.contains("can no longer get changes")
+                || message.contains("invalidated")
+                || db.detail.as_deref().is_some_and(|d| d.contains("invalidated")) =>
+        {
+            let state = match &db.detail {
+                Some(detail) => format!("{message}; {detail}"),
+                None => message.clone(),
+            };
+            invalidated_slot(slot, &state, None)
         }
         "42704" if message.contains("publication") => publication_missing(spec, message),
         _ if skips_publication(db, publication) => publication_missing(spec, message),
         _ => error.into(),
     }
+}
+
+/// The definite error for an invalidated slot: why (PostgreSQL 17 and later name the
+/// cause in `invalidation_reason`; 18 adds `idle_timeout`), what is lost, how to recover.
+fn invalidated_slot(slot: &str, state: &str, reason: Option<&str>) -> SetupError {
+    let why = match reason {
+        Some("idle_timeout") => "it was unused for longer than idle_replication_slot_timeout (PostgreSQL 18), so PostgreSQL stopped keeping the WAL it needed; set that timeout above the longest time the relay may be stopped, or 0 to turn it off".to_owned(),
+        None | Some("wal_removed") => {
+            "the WAL it needed was removed, usually because of max_slot_wal_keep_size".to_owned()
+        }
+        Some(other) => format!("PostgreSQL gives the reason {other:?}"),
+    };
+    definite(format!(
+        "replication slot {slot:?} is invalidated ({state}): {why}. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}) and start again (a new slot starts at the current position), then reconcile the outbox rows written meanwhile",
+        quote_literal(slot)
+    ))
 }
 
 /// Whether a notice on the replication stream says PostgreSQL is skipping changes
@@ -407,6 +435,64 @@ mod tests {
             ),
             SetupError::Pg(_)
         ));
+    }
+
+    #[test]
+    fn an_invalidated_slot_is_recognised_in_every_versions_wording() {
+        let spec = SourceSpec {
+            slot: "outbox_relay".into(),
+            publication: "outbox_relay".into(),
+            table: QualifiedName::parse("public.outbox").unwrap(),
+        };
+        for (version, message, detail) in [
+            (
+                "13-15",
+                "cannot read from logical replication slot \"outbox_relay\"",
+                "This slot has been invalidated because it exceeded the maximum reserved size.",
+            ),
+            (
+                "16-17",
+                "can no longer get changes from replication slot \"outbox_relay\"",
+                "This slot has been invalidated because it exceeded the maximum reserved size.",
+            ),
+            (
+                "18",
+                "can no longer access replication slot \"outbox_relay\"",
+                "This replication slot has been invalidated due to \"wal_removed\".",
+            ),
+        ] {
+            let error = PgError::Db(crate::pg::conn::DbError {
+                severity: "ERROR".into(),
+                code: "55000".into(),
+                message: message.into(),
+                detail: Some(detail.into()),
+                hint: None,
+            });
+            match explain_server_error(error, &spec, "app") {
+                SetupError::Definite(text) => {
+                    assert!(text.contains("is invalidated"), "{version}: {text}");
+                    assert!(
+                        text.contains("pg_drop_replication_slot"),
+                        "{version}: {text}"
+                    );
+                }
+                other => panic!("{version}: should be definite, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_invalidated_slot_names_its_cause() {
+        let text = |reason| match invalidated_slot("s", "wal_status = lost", reason) {
+            SetupError::Definite(text) => text,
+            other => panic!("definite, got {other:?}"),
+        };
+        assert!(text(None).contains("max_slot_wal_keep_size"));
+        assert!(text(Some("wal_removed")).contains("max_slot_wal_keep_size"));
+        let idle = text(Some("idle_timeout"));
+        assert!(idle.contains("idle_replication_slot_timeout"), "{idle}");
+        assert!(!idle.contains("max_slot_wal_keep_size"), "{idle}");
+        assert!(text(Some("rows_removed")).contains("\"rows_removed\""));
     }
 
     #[test]
