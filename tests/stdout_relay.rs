@@ -340,3 +340,67 @@ fn wal_level_replica_exits_nonzero_saying_how_to_fix_it() {
     assert!(stderr.contains("wal_level=logical"), "stderr: {stderr}");
     assert!(stderr.contains("restart PostgreSQL"), "stderr: {stderr}");
 }
+
+#[test]
+fn the_server_under_test_is_the_one_pg_bindir_names() {
+    let pg = PgCluster::start();
+    let version = support::query_lsn(&mut pg.client(), "SHOW server_version");
+    support::outbox::report(&format!("stdout_relay: PostgreSQL {version}"));
+    if let Some(bindir) = std::env::var_os("PG_BINDIR").filter(|dir| !dir.is_empty()) {
+        let output = std::process::Command::new(std::path::Path::new(&bindir).join("postgres"))
+            .arg("--version")
+            .output()
+            .expect("running postgres --version");
+        let reported = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            reported.contains(&format!("(PostgreSQL) {version}")),
+            "PG_BINDIR's postgres says {reported:?}, the cluster runs {version}"
+        );
+    }
+}
+
+/// PostgreSQL 13 and 14 send a Begin/Commit pair for every transaction, even one
+/// without a published change; 15 and later send only keepalives. Either way the
+/// relay prints only outbox events and acknowledges past the other transactions.
+#[test]
+fn transactions_without_outbox_rows_between_events_are_acknowledged() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    // Status updates every 200 ms: the wait below is for an acknowledgement.
+    let relay = RelayProcess::start(
+        &config(&pg.url("postgres", None, "app"))
+            .replace("[outbox]", "status_interval_ms = 200\n[outbox]"),
+    );
+    wait_for_slot(&pg, &relay);
+    let mut client = pg.client_db("app");
+    client.batch_execute("CREATE TABLE other (id int)").unwrap();
+    for n in 0..10 {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO other VALUES ({n}); INSERT INTO other VALUES ({n});"
+            ))
+            .unwrap();
+        client
+            .execute(
+                "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('mixed', $1, 'X', '{}')",
+                &[&n.to_string()],
+            )
+            .unwrap();
+    }
+    client
+        .batch_execute("INSERT INTO other VALUES (-1)")
+        .unwrap();
+    let last_commit = pg.current_wal_lsn();
+    relay.wait_for_lines(10, WAIT);
+    support::wait_until(
+        "confirmed_flush_lsn past the last transaction (other table only)",
+        WAIT,
+        || pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= last_commit,
+    );
+    let lines = sentinel(&pg, &relay, 10);
+    for (n, line) in lines[..10].iter().enumerate() {
+        let v = parse(line);
+        assert_eq!(v["topic"], "outbox.event.mixed", "{line}");
+        assert_eq!(v["headers"]["id"], v["key"], "{line}");
+        assert_eq!(v["value"], serde_json::json!({}), "event {n}: {line}");
+    }
+}

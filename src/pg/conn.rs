@@ -135,6 +135,8 @@ impl QueryResult {
 #[derive(Debug)]
 pub enum CopyEvent {
     Frame(ReplicationFrame),
+    /// A NoticeResponse (WARNING, NOTICE, ...) sent in the middle of the stream.
+    Notice(DbError),
     /// The server ended the stream (CopyDone); the command completes after it.
     Done,
 }
@@ -505,7 +507,10 @@ impl PgConnection {
                         self.in_copy_both = false;
                         return Ok(CopyEvent::Done);
                     }
-                    Message::NoticeResponse(_) | Message::ParameterStatus(_) => continue,
+                    Message::NoticeResponse(body) => {
+                        return Ok(CopyEvent::Notice(DbError::from_fields(body.fields())))
+                    }
+                    Message::ParameterStatus(_) => continue,
                     Message::ErrorResponse(body) => return Err(server_error(body.fields())),
                     other => {
                         return Err(PgError::Protocol(format!(
@@ -537,7 +542,7 @@ impl PgConnection {
                 loop {
                     match self.next_copy_event().await {
                         Ok(CopyEvent::Done) => break,
-                        Ok(CopyEvent::Frame(_)) => continue,
+                        Ok(CopyEvent::Frame(_) | CopyEvent::Notice(_)) => continue,
                         Err(e) => return Err(e),
                     }
                 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::pg::conn::{PgConnection, PgError, QueryResult};
+use crate::pg::conn::{DbError, PgConnection, PgError, QueryResult};
 use crate::pg::lsn::Lsn;
 use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
 use crate::pg::state;
@@ -41,7 +41,7 @@ pub struct PreparedSource {
     pub failover_slot: bool,
 }
 
-/// A problem with the source that retrying will not fix.
+/// A problem with the source: definite (retrying will not fix it) unless said otherwise.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     #[error("{0}")]
@@ -78,6 +78,9 @@ pub async fn prepare(
         )));
     }
 
+    // PostgreSQL 16 and later decode on a standby too, and such a stream would run on
+    // through a promotion unnoticed; before 16 the server refuses it ("logical decoding
+    // cannot be used while in recovery"). Wait for a primary on every version.
     let version_num: u32 = conn
         .simple_query("SHOW server_version_num")
         .await?
@@ -285,7 +288,11 @@ async fn ensure_slot(
     let slot = &spec.slot;
     let found = conn
         .simple_query(&format!(
-            "SELECT plugin, slot_type, database, wal_status, confirmed_flush_lsn, current_database() AS current_db, \
+            // invalidation_reason exists from PostgreSQL 17 on, failover from 17 on;
+            // through jsonb they read as NULL on older versions instead of failing.
+            "SELECT plugin, slot_type, database, wal_status, \
+                    pg_catalog.to_jsonb(s) ->> 'invalidation_reason' AS invalidation_reason, \
+                    confirmed_flush_lsn, current_database() AS current_db, \
                     coalesce((pg_catalog.to_jsonb(s) ->> 'failover')::boolean, false) AS failover \
                FROM pg_catalog.pg_replication_slots s WHERE slot_name = {}",
             quote_literal(slot)
@@ -381,10 +388,12 @@ fn check_existing_slot(found: &QueryResult, slot: &str) -> Result<(), SetupError
         )));
     }
     if found.get(0, "wal_status") == Some("lost") {
-        return Err(definite(format!(
-            "replication slot {slot:?} is invalidated (wal_status = lost): the WAL it needed was removed, usually because of max_slot_wal_keep_size. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}), create a new one knowingly with `outbox-relay slot create --accept-gap --config FILE` (it starts at the current position), then re-send the outbox rows written since the last acknowledged position with `outbox-relay backfill --config FILE --since TIME`",
-            quote_literal(slot)
-        )));
+        let reason = found.get(0, "invalidation_reason");
+        let state = match reason {
+            Some(reason) => format!("wal_status = lost, invalidation_reason = {reason}"),
+            None => "wal_status = lost".to_owned(),
+        };
+        return Err(invalidated_slot(slot, &state, reason));
     }
     Ok(())
 }
@@ -402,7 +411,7 @@ pub fn explain_server_error(error: PgError, spec: &SourceSpec, user: &str) -> Se
     match db.code.as_str() {
         "42501" if message.contains("replication") || message.contains("WAL sender") => {
             definite(format!(
-                "role {user:?} may not stream the WAL ({message}): run ALTER ROLE {} WITH REPLICATION, or use a role that has it",
+                "role {user:?} may not stream the WAL ({message}): logical replication needs a role with the REPLICATION attribute; run ALTER ROLE {} WITH REPLICATION, or use a role that has it",
                 quote_ident(user)
             ))
         }
@@ -412,21 +421,62 @@ pub fn explain_server_error(error: PgError, spec: &SourceSpec, user: &str) -> Se
         "3D000" => definite(format!(
             "{message}: check the database name in [postgres] url (the outbox table's database)"
         )),
-        "55000" if message.contains("can no longer get changes") || message.contains("invalidated") => {
-            definite(format!(
-                "replication slot {slot:?} is invalidated ({message}): the WAL it needed was removed, usually because of max_slot_wal_keep_size. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}), create a new one knowingly with `outbox-relay slot create --accept-gap --config FILE` (it starts at the current position), then re-send the outbox rows written since the last acknowledged position with `outbox-relay backfill --config FILE --since TIME`",
-                quote_literal(slot)
-            ))
+        // The wording differs by version (13-15: "cannot read from logical replication
+        // slot", 16-17: "can no longer get changes from replication slot", 18: "can no
+        // longer access replication slot"); every version's detail says "invalidated".
+        "55000"
+            if message.contains("can no longer get changes")
+                || message.contains("invalidated")
+                || db.detail.as_deref().is_some_and(|d| d.contains("invalidated")) =>
+        {
+            let state = match &db.detail {
+                Some(detail) => format!("{message}; {detail}"),
+                None => message.clone(),
+            };
+            invalidated_slot(slot, &state, None)
         }
-        "42704" if message.contains("publication") => definite(format!(
-            "publication {publication:?} does not exist ({message}); was it dropped? Recreate it as the owner of {}: CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'). If PostgreSQL still reports it missing, the slot's unread WAL predates the new publication: drop the slot (SELECT pg_drop_replication_slot({})), restart the relay, and reconcile outbox rows written since the last acknowledged position",
-            spec.table,
-            quote_ident(publication),
-            spec.table.quoted(),
-            quote_literal(slot)
-        )),
+        "42704" if message.contains("publication") => publication_missing(spec, message),
+        _ if skips_publication(db, publication) => publication_missing(spec, message),
         _ => error.into(),
     }
+}
+
+/// The definite error for an invalidated slot: why (PostgreSQL 17 and later name the
+/// cause in `invalidation_reason`; 18 adds `idle_timeout`), what is lost, how to recover.
+fn invalidated_slot(slot: &str, state: &str, reason: Option<&str>) -> SetupError {
+    let why = match reason {
+        Some("idle_timeout") => "it was unused for longer than idle_replication_slot_timeout (PostgreSQL 18), so PostgreSQL stopped keeping the WAL it needed; set that timeout above the longest time the relay may be stopped, or 0 to turn it off".to_owned(),
+        None | Some("wal_removed") => {
+            "the WAL it needed was removed, usually because of max_slot_wal_keep_size".to_owned()
+        }
+        Some(other) => format!("PostgreSQL gives the reason {other:?}"),
+    };
+    definite(format!(
+        "replication slot {slot:?} is invalidated ({state}): {why}. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}), create a new one knowingly with `outbox-relay slot create --accept-gap --config FILE` (it starts at the current position), then re-send the outbox rows written since the last acknowledged position with `outbox-relay backfill --config FILE --since TIME`",
+        quote_literal(slot)
+    ))
+}
+
+/// Whether a notice on the replication stream says PostgreSQL is skipping changes
+/// because the publication is missing. PostgreSQL 18 no longer fails when a publication
+/// named in START_REPLICATION does not exist at a point of the WAL: pgoutput sends
+/// `WARNING: skipped loading publication "name"` and leaves out every change of that
+/// part of the WAL, outbox inserts included (up to 17 it is an ERROR, 42704). The
+/// relay must stop there, before it acknowledges past the skipped rows. Matched on the
+/// publication's name (untranslated) in a WARNING, not on the (translatable) wording.
+pub fn skips_publication(notice: &DbError, publication: &str) -> bool {
+    notice.severity == "WARNING" && notice.message.contains(&format!("\"{publication}\""))
+}
+
+fn publication_missing(spec: &SourceSpec, message: &str) -> SetupError {
+    let publication = &spec.publication;
+    definite(format!(
+        "publication {publication:?} does not exist ({message}); was it dropped? Recreate it as the owner of {}: CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'). If PostgreSQL still reports it missing, the slot's unread WAL predates the new publication: drop the slot (SELECT pg_drop_replication_slot({})), create a new one knowingly (`outbox-relay slot create --accept-gap --config FILE`), and re-send the outbox rows written since the last acknowledged position (`outbox-relay backfill --config FILE --since TIME`)",
+        spec.table,
+        quote_ident(publication),
+        spec.table.quoted(),
+        quote_literal(&spec.slot)
+    ))
 }
 
 /// The `START_REPLICATION` command for protocol version 1 (a transaction is sent only
@@ -514,6 +564,11 @@ mod tests {
                 "pg_drop_replication_slot",
             ),
             (
+                "42501",
+                "permission denied to start WAL sender",
+                "REPLICATION attribute",
+            ),
+            (
                 "42704",
                 "publication \"outbox_relay\" does not exist",
                 "CREATE PUBLICATION",
@@ -535,6 +590,101 @@ mod tests {
             ),
             SetupError::Pg(_)
         ));
+    }
+
+    #[test]
+    fn an_invalidated_slot_is_recognised_in_every_versions_wording() {
+        let spec = SourceSpec {
+            slot: "outbox_relay".into(),
+            publication: "outbox_relay".into(),
+            table: QualifiedName::parse("public.outbox").unwrap(),
+        };
+        for (version, message, detail) in [
+            (
+                "13-15",
+                "cannot read from logical replication slot \"outbox_relay\"",
+                "This slot has been invalidated because it exceeded the maximum reserved size.",
+            ),
+            (
+                "16-17",
+                "can no longer get changes from replication slot \"outbox_relay\"",
+                "This slot has been invalidated because it exceeded the maximum reserved size.",
+            ),
+            (
+                "18",
+                "can no longer access replication slot \"outbox_relay\"",
+                "This replication slot has been invalidated due to \"wal_removed\".",
+            ),
+        ] {
+            let error = PgError::Db(crate::pg::conn::DbError {
+                severity: "ERROR".into(),
+                code: "55000".into(),
+                message: message.into(),
+                detail: Some(detail.into()),
+                hint: None,
+            });
+            match explain_server_error(error, &spec, "app") {
+                SetupError::Definite(text) => {
+                    assert!(text.contains("is invalidated"), "{version}: {text}");
+                    assert!(
+                        text.contains("pg_drop_replication_slot"),
+                        "{version}: {text}"
+                    );
+                }
+                other => panic!("{version}: should be definite, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_invalidated_slot_names_its_cause() {
+        let text = |reason| match invalidated_slot("s", "wal_status = lost", reason) {
+            SetupError::Definite(text) => text,
+            other => panic!("definite, got {other:?}"),
+        };
+        assert!(text(None).contains("max_slot_wal_keep_size"));
+        assert!(text(Some("wal_removed")).contains("max_slot_wal_keep_size"));
+        let idle = text(Some("idle_timeout"));
+        assert!(idle.contains("idle_replication_slot_timeout"), "{idle}");
+        assert!(!idle.contains("max_slot_wal_keep_size"), "{idle}");
+        assert!(text(Some("rows_removed")).contains("\"rows_removed\""));
+    }
+
+    #[test]
+    fn a_skipped_publication_warning_stops_like_the_error_of_older_versions() {
+        let spec = SourceSpec {
+            slot: "outbox_relay".into(),
+            publication: "outbox_relay".into(),
+            table: QualifiedName::parse("public.outbox").unwrap(),
+        };
+        // As PostgreSQL 18 sends it in the middle of the stream.
+        let warning = crate::pg::conn::DbError {
+            severity: "WARNING".into(),
+            code: "55000".into(),
+            message: "skipped loading publication \"outbox_relay\"".into(),
+            detail: Some("The publication does not exist at this point in the WAL.".into()),
+            hint: Some("Create the publication if it does not exist.".into()),
+        };
+        assert!(skips_publication(&warning, "outbox_relay"));
+        assert!(
+            !skips_publication(&warning, "outbox"),
+            "another publication's name"
+        );
+        let notice = crate::pg::conn::DbError {
+            severity: "NOTICE".into(),
+            ..warning.clone()
+        };
+        assert!(!skips_publication(&notice, "outbox_relay"));
+        match explain_server_error(PgError::Db(warning), &spec, "app") {
+            SetupError::Definite(text) => {
+                assert!(
+                    text.contains("publication \"outbox_relay\" does not exist"),
+                    "{text}"
+                );
+                assert!(text.contains("CREATE PUBLICATION"), "{text}");
+            }
+            other => panic!("should be definite, got {other:?}"),
+        }
     }
 
     #[test]

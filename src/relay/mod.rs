@@ -107,8 +107,8 @@ impl RelayError {
                 }
                 _ => false,
             },
-            RelayError::Setup(SetupError::InRecovery) => true,
-            RelayError::StreamEnded
+            RelayError::Setup(SetupError::InRecovery)
+            | RelayError::StreamEnded
             | RelayError::Silent { .. }
             | RelayError::WatchSilent { .. }
             | RelayError::SinkStalled { .. } => true,

@@ -23,9 +23,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, watch};
 
 use crate::metrics::Metrics;
-use crate::pg::conn::{CopyEvent, PgConnection};
+use crate::pg::conn::{CopyEvent, DbError, PgConnection, PgError};
 use crate::pg::pgoutput::{self, PgTimestamp, StreamState};
 use crate::pg::replication::{ReplicationFrame, StandbyStatusUpdate};
+use crate::pg::slot;
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
 use crate::relay::deadletter::DeadLetter;
@@ -124,6 +125,9 @@ pub(super) struct Pipeline {
     pub(super) dead_letter_topic: Option<String>,
     /// The outbox table, for dead-letter headers.
     pub(super) source_table: String,
+    /// The publication streamed from, to recognise notices about it (and for the
+    /// repair advice when the watch sees a change).
+    pub(super) publication: String,
     /// Events the producer queue had no room for, in order; input pauses meanwhile.
     pub(super) stalled: VecDeque<(OutboxEvent, TxnSeq)>,
     pub(super) progress: Progress,
@@ -145,7 +149,6 @@ pub(super) struct Pipeline {
     /// Vouches for the positions acknowledged (the outbox is still published).
     pub(super) watch: OutboxWatch,
     /// For the repair advice when the watch sees a change.
-    pub(super) publication: String,
     pub(super) table: crate::pg::sql::QualifiedName,
 }
 
@@ -212,6 +215,7 @@ impl Pipeline {
                                 self.send_status(false).await?;
                             }
                         }
+                        CopyEvent::Notice(notice) => self.on_server_notice(notice)?,
                         CopyEvent::Done => return Err(RelayError::StreamEnded),
                     }
                 }
@@ -296,6 +300,17 @@ impl Pipeline {
             });
         }
         Ok(reading && silent >= interval)
+    }
+
+    /// A notice in the middle of the stream is logged; one saying that PostgreSQL skips
+    /// changes because the publication is missing (PostgreSQL 18) stops the relay
+    /// before anything after it is acknowledged, as the ERROR of earlier versions does.
+    fn on_server_notice(&mut self, notice: DbError) -> Result<(), RelayError> {
+        if slot::skips_publication(&notice, &self.publication) {
+            return Err(RelayError::Pg(PgError::Db(notice)));
+        }
+        tracing::warn!(notice = %notice, "PostgreSQL sent a notice on the replication stream");
+        Ok(())
     }
 
     async fn on_step(&mut self, step: Step) -> Result<(), RelayError> {

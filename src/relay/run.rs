@@ -264,6 +264,7 @@ async fn run_attempt(
         max_in_flight: u64::try_from(config.relay.max_in_flight).unwrap_or(u64::MAX),
         dead_letter_topic,
         source_table: settings.table.to_string(),
+        publication: spec.publication.clone(),
         stalled: VecDeque::new(),
         progress: start,
         logged: start,
@@ -277,7 +278,6 @@ async fn run_attempt(
         last_recorded: prepared.slot_lsn,
         status_due: None,
         watch,
-        publication: spec.publication.clone(),
         table: spec.table.clone(),
     };
     pipeline

@@ -280,6 +280,14 @@ impl PgCluster {
         row.get::<_, Option<String>>(0).map(|lsn| lsn_to_u64(&lsn))
     }
 
+    /// `server_version_num`, e.g. 170010 for 17.10: for expectations that differ by
+    /// PostgreSQL version.
+    pub fn server_version_num(&self) -> u32 {
+        let text = query_lsn(&mut self.client(), "SHOW server_version_num");
+        text.parse()
+            .unwrap_or_else(|err| panic!("bad server_version_num {text:?}: {err}"))
+    }
+
     /// `pg_current_wal_lsn()`.
     pub fn current_wal_lsn(&self) -> u64 {
         lsn_to_u64(&query_lsn(
@@ -427,11 +435,29 @@ struct PgBinaries {
     postgres: PathBuf,
 }
 
-/// Finds `initdb` and `postgres`: on PATH, else in `pg_config --bindir`, else in the
-/// newest `/usr/lib/postgresql/*/bin`. Panics if there are none.
+/// Finds `initdb` and `postgres`: in `$PG_BINDIR` when it is set (how CI runs tests on
+/// each PostgreSQL major version, see `ensure_pg_version` in deploy/lib.sh), else on
+/// PATH, else in `pg_config --bindir`, else in the newest `/usr/lib/postgresql/*/bin`.
+/// Panics if there are none.
+///
+/// The npm builds of other versions carry their own shared libraries in `../lib`; their
+/// RUNPATH (`$ORIGIN/../lib`) finds them, so no `LD_LIBRARY_PATH` is needed.
 fn pg_binaries() -> &'static PgBinaries {
     static BINARIES: OnceLock<PgBinaries> = OnceLock::new();
     BINARIES.get_or_init(|| {
+        if let Some(bindir) = std::env::var_os("PG_BINDIR").filter(|dir| !dir.is_empty()) {
+            let bins = PgBinaries {
+                initdb: Path::new(&bindir).join("initdb"),
+                postgres: Path::new(&bindir).join("postgres"),
+            };
+            assert!(
+                is_executable(&bins.initdb) && is_executable(&bins.postgres),
+                "PG_BINDIR={} holds no executable initdb and postgres: point it at a \
+                 PostgreSQL bindir (deploy/lib.sh: ensure_pg_version MAJOR prints one)",
+                Path::new(&bindir).display()
+            );
+            return bins;
+        }
         let on_path = |name: &str| {
             std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
                 .map(|dir| dir.join(name))
