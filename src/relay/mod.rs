@@ -39,7 +39,9 @@ pub enum RelayError {
         lsn: Lsn,
         reason: String,
     },
-    #[error("the dead-letter topic refused a record: {0}")]
+    #[error("{reason}; no [dead_letter] topic is configured, so the relay stops without acknowledging it")]
+    RefusedWithoutDeadLetter { reason: String },
+    #[error("the dead-letter topic refused a record: {0}; the event is not acknowledged: fix the dead-letter topic or its settings (or [kafka.properties] message.max.bytes), then restart")]
     DeadLetterRefused(String),
     #[error(transparent)]
     Sink(#[from] SinkError),
@@ -51,7 +53,7 @@ pub enum RelayError {
     Metrics(String),
     #[error("nothing received from PostgreSQL for {secs} s although it was asked to reply (network cut or blackholed?)")]
     Silent { secs: u64 },
-    #[error("no delivery confirmed for {secs} s with {in_flight} events in flight: releasing the replication connection so PostgreSQL is not held (its shutdown waits for acknowledgements); the events are sent again after reconnecting")]
+    #[error("the oldest undelivered event has waited {secs} s for Kafka's confirmation ({in_flight} events in flight; a broker or one partition is stuck): releasing the replication connection so PostgreSQL is not held (its shutdown waits for acknowledgements); the events are sent again after reconnecting")]
     SinkStalled { secs: u64, in_flight: u64 },
     #[error("PostgreSQL's timeline changed from {from} to {to}: the server was promoted or restored from backup. Check that the slot survived with its position (WAL after it may be missing on the new timeline), then restart the relay")]
     TimelineChanged { from: u32, to: u32 },
@@ -98,7 +100,11 @@ impl RelayError {
             RelayError::StreamEnded
             | RelayError::Silent { .. }
             | RelayError::SinkStalled { .. } => true,
-            RelayError::Sink(SinkError::KafkaFatal(_) | SinkError::TopicUnavailable { .. }) => true,
+            RelayError::Sink(
+                SinkError::KafkaFatal(_)
+                | SinkError::KafkaRetry(_)
+                | SinkError::TopicUnavailable { .. },
+            ) => true,
             _ => false,
         }
     }
