@@ -243,6 +243,12 @@ fn payload_over_message_max_bytes_is_dead_lettered_with_its_headers() {
         Some("outbox.event.big")
     );
     assert_eq!(letter.value, None, "oversize value dropped, headers kept");
+    assert!(
+        letter
+            .header("value.dropped")
+            .is_some_and(|why| why.contains("too large")),
+        "and a header says so: {letter:?}"
+    );
     assert_running(&relay);
     assert_acknowledged_through_now(&pg);
 }
@@ -382,6 +388,68 @@ fn route_values_making_illegal_topic_names_are_dead_lettered_naming_each() {
         "names the length limit: {}",
         reasons[2]
     );
+    assert_running(&relay);
+    assert_acknowledged_through_now(&pg);
+}
+
+/// A route value that makes the dead-letter topic's own name: the event is not sent
+/// there as if it were a dead letter; it is dead-lettered, with an `error` header
+/// saying why and its value kept, and when that record is too large for Kafka it goes
+/// without its value and a `value.dropped` header says so. (Before: the small event
+/// arrived there as a plain record without `error`, and the big one as a bare record
+/// without any header saying why.)
+#[test]
+fn an_event_routed_to_the_dead_letter_topics_own_name_is_dead_lettered_with_the_reason() {
+    let broker = KafkaBroker::shared();
+    let pg = cluster_with_outbox(PgOptions::default());
+    let dead_letter = "outbox.event.same";
+    let relay = start_streaming(&kafka_config(
+        &pg,
+        &broker.bootstrap(),
+        "",
+        Some(dead_letter),
+        &[],
+    ));
+    let before = insert(&pg, "order", "'{\"n\": 1}'");
+    let small = insert(&pg, "same", "'{\"n\": 2}'");
+    let big = pg
+        .client_db("app")
+        .query_one(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
+             VALUES ('same', 'b-1', 'Huge', jsonb_build_object('blob', repeat('x', 2 * 1024 * 1024))) \
+             RETURNING id::text",
+            &[],
+        )
+        .unwrap()
+        .get::<_, String>(0);
+    let after = insert(&pg, "order", "'{\"n\": 3}'");
+    assert_good_events_around(&broker, "outbox.event.order", &[&before, &after]);
+    let dead = consume(&broker.bootstrap(), &[dead_letter], 2, WAIT);
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    for (letter, id) in dead.iter().zip([&small, &big]) {
+        assert_eq!(letter.header("id").as_ref(), Some(id), "in commit order");
+        let error = letter.header("error").expect("an error header");
+        assert!(
+            error.contains("the dead-letter topic's own name") && error.contains(dead_letter),
+            "says why: {error}"
+        );
+        assert_eq!(letter.header("source.topic").as_deref(), Some(dead_letter));
+    }
+    assert_eq!(
+        json(
+            dead[0]
+                .value
+                .as_deref()
+                .expect("the small event keeps its value")
+        ),
+        serde_json::json!({"n": 2})
+    );
+    assert_eq!(dead[0].header("value.dropped"), None);
+    assert_eq!(dead[1].value, None, "2 MiB is over message.max.bytes");
+    let dropped = dead[1]
+        .header("value.dropped")
+        .expect("value.dropped says why");
+    assert!(dropped.contains("too large"), "{dropped}");
     assert_running(&relay);
     assert_acknowledged_through_now(&pg);
 }
