@@ -385,10 +385,17 @@ fn creation_outcome(
                 "topic {topic:?}: the broker refused to create it: {code}; {}",
                 stop_hint(code)
             )),
-            // NOT_CONTROLLER, REQUEST_TIMED_OUT, a topic being deleted...: ask again.
+            // NOT_CONTROLLER, REQUEST_TIMED_OUT, a topic being deleted, brokers still
+            // fenced after an outage...: ask again.
             ErrorAction::Retry => SinkError::TopicUnavailable {
                 topic: topic.to_owned(),
-                reason: format!("creating it failed for now: {code}"),
+                reason: if code == RDKafkaErrorCode::InvalidReplicationFactor {
+                    format!(
+                        "creating it failed: {code}; retrying, as brokers still fenced after an outage give this too. If it persists, [kafka] topic_replication_factor asks for more replicas than the cluster has brokers: lower it (-1 takes the broker's default)"
+                    )
+                } else {
+                    format!("creating it failed for now: {code}")
+                },
             },
         }),
     }
@@ -519,16 +526,24 @@ mod tests {
     fn a_refused_creation_is_classified_and_names_the_topic_and_the_fix() {
         assert!(creation_outcome("t", Ok("t".into())).unwrap());
         assert!(!creation_outcome("t", Err(RDKafkaErrorCode::TopicAlreadyExists)).unwrap());
+        let err = creation_outcome("outbox.event.x", Err(RDKafkaErrorCode::InvalidPartitions))
+            .unwrap_err();
+        assert!(matches!(err, SinkError::KafkaStop(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("outbox.event.x"), "{text}");
+        assert!(text.contains("refused to create"), "{text}");
+        assert!(text.contains("topic_partitions"), "{text}");
+        // Retried (fenced brokers give it too), naming the setting should it persist.
         let err = creation_outcome(
             "outbox.event.x",
             Err(RDKafkaErrorCode::InvalidReplicationFactor),
         )
         .unwrap_err();
-        assert!(matches!(err, SinkError::KafkaStop(_)), "{err:?}");
-        let text = err.to_string();
-        assert!(text.contains("outbox.event.x"), "{text}");
-        assert!(text.contains("refused to create"), "{text}");
-        assert!(text.contains("topic_replication_factor"), "{text}");
+        assert!(matches!(err, SinkError::TopicUnavailable { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("topic_replication_factor"),
+            "{err}"
+        );
         let err =
             creation_outcome("t", Err(RDKafkaErrorCode::TopicAuthorizationFailed)).unwrap_err();
         assert!(matches!(err, SinkError::KafkaStop(_)), "{err:?}");

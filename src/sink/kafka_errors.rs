@@ -67,7 +67,6 @@ pub fn action(code: RDKafkaErrorCode) -> ErrorAction {
         E::InvalidRequiredAcks
         | E::InvalidConfig
         | E::InvalidPartitions
-        | E::InvalidReplicationFactor
         | E::InvalidReplicaAssignment
         | E::PolicyViolation
         | E::UnsupportedVersion
@@ -78,6 +77,12 @@ pub fn action(code: RDKafkaErrorCode) -> ErrorAction {
         | E::NotImplemented
         | E::InvalidRequest
         | E::InvalidTransactionTimeout => ErrorAction::Stop,
+
+        // Not always the configuration: a KRaft cluster answers a topic creation with
+        // INVALID_REPLICATION_FACTOR too while its brokers are fenced (right after an
+        // outage, "only 0 broker(s) are registered"). Retried; the message names the
+        // setting in case it persists.
+        E::InvalidReplicationFactor => ErrorAction::Retry,
 
         // Everything else, among them: broker down or unreachable, leader changes,
         // `NOT_CONTROLLER`, `REQUEST_TIMED_OUT`, not enough replicas, storage errors,
@@ -175,6 +180,7 @@ mod tests {
             E::PurgeInflight,
             E::ThrottlingQuotaExceeded,
             E::QueueFull,
+            E::InvalidReplicationFactor,
             E::Unknown,
         ] {
             assert_eq!(action(code), ErrorAction::Retry, "{code:?}");
@@ -191,7 +197,6 @@ mod tests {
             E::Authentication,
             E::InvalidRequiredAcks,
             E::InvalidConfig,
-            E::InvalidReplicationFactor,
             E::InvalidPartitions,
             E::PolicyViolation,
             E::UnsupportedForMessageFormat,
