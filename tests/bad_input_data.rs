@@ -454,6 +454,66 @@ fn an_event_routed_to_the_dead_letter_topics_own_name_is_dead_lettered_with_the_
     assert_acknowledged_through_now(&pg);
 }
 
+/// A partition placement beyond the topic's partitions (`_UNKNOWN_PARTITION`) is not
+/// the event's fault for good: partitions can be added. The relay retries (rebuilding
+/// the producer, resending from the acknowledged position) instead of dead-lettering
+/// it, acknowledges nothing past it meanwhile, and delivers it once the partition
+/// exists. (Before: dead-lettered at once.)
+#[test]
+fn a_partition_the_topic_does_not_have_yet_is_waited_for_not_dead_lettered() {
+    let broker = KafkaBroker::shared();
+    let pg = cluster_with_outbox(PgOptions::default());
+    pg.client_db("app")
+        .batch_execute("ALTER TABLE outbox ADD COLUMN part int NOT NULL DEFAULT 0")
+        .unwrap();
+    let relay = start_streaming(&kafka_config(
+        &pg,
+        &broker.bootstrap(),
+        "additional = [\"part:partition\"]",
+        Some(DEAD_LETTER),
+        &[],
+    ));
+    let first = insert(&pg, "parted", "'{\"n\": 1}'");
+    assert_good_events_around(&broker, "outbox.event.parted", &[&first]);
+    let before = pg.current_wal_lsn();
+    let beyond: String = pg
+        .client_db("app")
+        .query_one(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, part) \
+             VALUES ('parted', 'a', 'T', '{\"n\": 2}', 3) RETURNING id::text",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let after = pg.current_wal_lsn();
+    // Retried, at least twice, without acknowledging the event or dead-lettering it.
+    wait_until("the relay retries the unknown partition", WAIT, || {
+        plain(&relay.stderr())
+            .matches("rebuilding the producer and resending")
+            .count()
+            >= 2
+    });
+    let confirmed = pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0);
+    assert!(
+        confirmed >= before && confirmed < after,
+        "nothing past the waiting event is acknowledged ({confirmed:X} not in {before:X}..{after:X})"
+    );
+    assert!(
+        support::read_all(&broker.bootstrap(), &[DEAD_LETTER]).is_empty(),
+        "not dead-lettered"
+    );
+    assert_running(&relay);
+    support::kafka::add_partitions(&broker.bootstrap(), "outbox.event.parted", 4);
+    let records = consume(&broker.bootstrap(), &["outbox.event.parted"], 2, WAIT);
+    let delivered = records
+        .iter()
+        .find(|r| r.header("id").as_ref() == Some(&beyond))
+        .unwrap_or_else(|| panic!("the event arrives once partition 3 exists: {records:?}"));
+    assert_eq!(delivered.partition, 3);
+    assert_running(&relay);
+    assert_acknowledged_through_now(&pg);
+}
+
 // ---------------------------------------------------------------------------------
 // NULL id
 // ---------------------------------------------------------------------------------

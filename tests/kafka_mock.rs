@@ -113,18 +113,17 @@ fn a_transient_produce_error_is_retried_not_dead_lettered() {
     );
     let id = "00000000-0000-0000-0000-0000000000b1";
     insert(&pg, id, "transient");
-    relay.wait_for_stderr("rebuilding the producer and resending", WAIT);
-    let records = consume(
-        &mock.bootstrap_servers(),
-        &["outbox.event.transient"],
-        1,
-        WAIT,
-    );
-    assert_eq!(records[0].header("id").as_deref(), Some(id));
     wait_acknowledged_through_now(&pg);
-    // Acknowledged means settled: a dead letter, had there been one, is in Kafka now.
+    // Acknowledged means settled: the event, or its dead letter, is in Kafka now.
     let dead = read_all(&mock.bootstrap_servers(), &[DEAD_LETTER]);
     assert!(dead.is_empty(), "nothing is dead-lettered: {dead:?}");
+    let records = read_all(&mock.bootstrap_servers(), &["outbox.event.transient"]);
+    assert_eq!(
+        records.first().and_then(|r| r.header("id")).as_deref(),
+        Some(id),
+        "the event reached its own topic: {records:?}"
+    );
+    relay.wait_for_stderr("rebuilding the producer and resending", WAIT);
     assert_running(&relay);
 }
 
@@ -229,9 +228,6 @@ fn a_dead_letter_failing_transiently_is_retried_not_stripped() {
     );
     let id = "00000000-0000-0000-0000-0000000000e1";
     insert(&pg, id, "flaky");
-    relay.wait_for_stderr("rebuilding the producer and resending", WAIT);
-    let records = consume(&mock.bootstrap_servers(), &["outbox.event.flaky"], 1, WAIT);
-    assert_eq!(records[0].header("id").as_deref(), Some(id));
     wait_acknowledged_through_now(&pg);
     for letter in read_all(&mock.bootstrap_servers(), &[DEAD_LETTER]) {
         assert!(
@@ -239,6 +235,13 @@ fn a_dead_letter_failing_transiently_is_retried_not_stripped() {
             "a dead-letter record lost its value: {letter:?}"
         );
     }
+    let records = read_all(&mock.bootstrap_servers(), &["outbox.event.flaky"]);
+    assert_eq!(
+        records.first().and_then(|r| r.header("id")).as_deref(),
+        Some(id),
+        "resent from the acknowledged position, the event reached its own topic: {records:?}"
+    );
+    relay.wait_for_stderr("rebuilding the producer and resending", WAIT);
     assert_running(&relay);
 }
 
