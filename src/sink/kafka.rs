@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -32,7 +31,7 @@ use tokio::task::JoinSet;
 
 use crate::config::KafkaConfig;
 use crate::relay::router::OutboxEvent;
-use crate::sink::kafka_config::{apply_properties, producer_config};
+use crate::sink::kafka_config::{admin_config, producer_config};
 use crate::sink::kafka_errors::{action, is_size_error, stop_hint, ErrorAction};
 use crate::sink::{
     DeliveryFailure, NoticeSender, RecordTag, SendError, Sink, SinkError, SinkNotice,
@@ -188,10 +187,7 @@ impl KafkaSink {
                     max_message_bytes: max_message_bytes.clone(),
                 })
                 .map_err(|e| SinkError::KafkaSetup(e.to_string()))?;
-        let mut admin_config = ClientConfig::new();
-        admin_config.set("bootstrap.servers", &settings.brokers);
-        apply_properties(&mut admin_config, &settings.properties);
-        let admin = admin_config
+        let admin = admin_config(&settings.brokers, &settings.properties)
             .create()
             .map_err(|e| SinkError::KafkaSetup(format!("admin client: {e}")))?;
         Ok(KafkaSink {

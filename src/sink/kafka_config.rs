@@ -149,12 +149,7 @@ pub fn producer_config(
     queue_messages: usize,
 ) -> ClientConfig {
     let mut config = ClientConfig::new();
-    let user_sets = |key: &str| {
-        let canonical = canonical_property(key);
-        properties
-            .keys()
-            .any(|user| canonical_property(user) == canonical)
-    };
+    let user_sets = |key: &str| user_sets(properties, key);
     if !user_sets("bootstrap.servers") {
         config.set("bootstrap.servers", brokers);
     }
@@ -177,8 +172,27 @@ pub fn producer_config(
     config
 }
 
+/// The admin client's configuration: the brokers (unless the user names them under any
+/// of librdkafka's names), then the user's properties.
+pub fn admin_config(brokers: &str, properties: &BTreeMap<String, String>) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    if !user_sets(properties, "bootstrap.servers") {
+        config.set("bootstrap.servers", brokers);
+    }
+    apply_properties(&mut config, properties);
+    config
+}
+
+/// Whether the user's properties set `key`'s property under any name.
+fn user_sets(properties: &BTreeMap<String, String>, key: &str) -> bool {
+    let canonical = canonical_property(key);
+    properties
+        .keys()
+        .any(|user| canonical_property(user) == canonical)
+}
+
 /// The user's properties, over whatever `config` has.
-pub fn apply_properties(config: &mut ClientConfig, properties: &BTreeMap<String, String>) {
+fn apply_properties(config: &mut ClientConfig, properties: &BTreeMap<String, String>) {
     for (key, value) in properties {
         config.set(key, value);
     }
@@ -305,5 +319,18 @@ mod tests {
         assert_eq!(config.get("compression.codec"), Some("zstd"));
         assert_eq!(config.get("partitioner"), None);
         assert_eq!(config.get("topic.partitioner"), Some("murmur2"));
+        // The brokers too, for the producer and the admin client alike.
+        let user = props(&[("metadata.broker.list", "other:9092")]);
+        for config in [
+            producer_config("b:1", &user, 100),
+            admin_config("b:1", &user),
+        ] {
+            assert_eq!(config.get("bootstrap.servers"), None);
+            assert_eq!(config.get("metadata.broker.list"), Some("other:9092"));
+        }
+        assert_eq!(
+            admin_config("b:1", &props(&[("linger.ms", "5")])).get("bootstrap.servers"),
+            Some("b:1")
+        );
     }
 }
