@@ -476,6 +476,9 @@ fn a_partition_the_topic_does_not_have_yet_is_waited_for_not_dead_lettered() {
     let first = insert(&pg, "parted", "'{\"n\": 1}'");
     assert_good_events_around(&broker, "outbox.event.parted", &[&first]);
     let before = pg.current_wal_lsn();
+    wait_until("the first event is acknowledged", WAIT, || {
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= before
+    });
     let beyond: String = pg
         .client_db("app")
         .query_one(
