@@ -139,7 +139,6 @@ fn topic_authorization_failed_stops_the_relay_unacknowledged() {
         "",
         Some(DEAD_LETTER),
     ));
-    let before = pg.current_wal_lsn();
     mock.request_errors(
         RDKafkaApiKey::Produce,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED],
@@ -159,8 +158,8 @@ fn topic_authorization_failed_stops_the_relay_unacknowledged() {
     );
     let confirmed = pg.slot_confirmed_flush_lsn(SLOT).unwrap();
     assert!(
-        confirmed >= before && confirmed < after,
-        "the event is not acknowledged ({confirmed:X}, written {before:X}..{after:X})"
+        confirmed < after,
+        "the event is not acknowledged ({confirmed:X}, written by {after:X})"
     );
     let dead = read_all(&mock.bootstrap_servers(), &[DEAD_LETTER]);
     assert!(dead.is_empty(), "nothing is dead-lettered: {dead:?}");
