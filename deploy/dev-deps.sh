@@ -37,11 +37,12 @@ for major in $PG_TEST_MAJORS; do
     echo "dev-deps: PostgreSQL $major present ($(ensure_pg_version "$major"))" >&2
 done
 
-# Apache Kafka (single-node KRaft) for the integration tests: a JDK to run it, Maven to
-# copy its jars from Maven Central.
-if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
-    echo "dev-deps: installing a JDK (Debian package openjdk-17-jre-headless)" >&2
-    apt_install openjdk-17-jre-headless
+# Apache Kafka (single-node KRaft) for the integration tests: a JDK to run it (a full
+# JDK, not only a runtime: tests/kafka_relay.rs runs Kafka's Java producer from a source
+# file, which needs the compiler), Maven to copy its jars from Maven Central.
+if ! command -v javac >/dev/null 2>&1 && [ ! -x "${JAVA_HOME:-/nonexistent}/bin/javac" ]; then
+    echo "dev-deps: installing a JDK (Debian package openjdk-17-jdk-headless)" >&2
+    apt_install openjdk-17-jdk-headless
 fi
 if ! command -v mvn >/dev/null 2>&1 && [ ! -f "$(kafka_libs_dir)/kafka_2.13-$(kafka_version).jar" ]; then
     echo "dev-deps: installing Maven (Debian package maven)" >&2

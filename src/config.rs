@@ -25,9 +25,11 @@ pub const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
 /// Partitions of topics the relay creates: one keeps a single total order per topic,
 /// which suits small deployments and the test broker; raise it for throughput.
 pub const DEFAULT_TOPIC_PARTITIONS: i32 = 1;
-/// Replication factor of topics the relay creates: 1 works on single-broker setups;
-/// production clusters should set 3 (or -1 for the broker's default).
-pub const DEFAULT_TOPIC_REPLICATION_FACTOR: i32 = 1;
+/// Replication factor of topics the relay creates: -1 takes the broker's
+/// `default.replication.factor`, which the cluster's operator has set for its size (1 on
+/// a single broker, typically 3 in production); a fixed 1 would leave topics on a
+/// production cluster without replicas.
+pub const DEFAULT_TOPIC_REPLICATION_FACTOR: i32 = -1;
 /// Events handed to the sink but not yet confirmed, before reading pauses. Bounds memory
 /// whatever the transaction size; large enough to keep a Kafka producer's batches full.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 100_000;
@@ -389,19 +391,9 @@ impl Config {
                 if kafka.topic_replication_factor == 0 || kafka.topic_replication_factor < -1 {
                     problems.push("kafka.topic_replication_factor: must be -1 (broker default) or at least 1".into());
                 }
-                for (key, value, required) in [
-                    ("enable.idempotence", kafka.properties.get("enable.idempotence"), "true"),
-                    ("acks", kafka.properties.get("acks"), "all"),
-                ] {
-                    if let Some(value) = value {
-                        let ok = value == required || (key == "acks" && value == "-1");
-                        if !ok {
-                            problems.push(format!(
-                                "kafka.properties.\"{key}\": must stay {required:?} (got {value:?}): the relay acknowledges PostgreSQL only after Kafka confirmed, which needs an idempotent, acks=all producer to keep order and lose nothing"
-                            ));
-                        }
-                    }
-                }
+                problems.extend(crate::sink::kafka_config::check_properties(
+                    &kafka.properties,
+                ));
             }
             (SinkKind::Stdout, _) => {}
         }
@@ -410,8 +402,20 @@ impl Config {
                 problems.push("dead_letter.topic: must not be empty".into());
             }
         }
-        if let Err(router_problems) = crate::relay::router::Router::try_new(&self.outbox) {
-            problems.extend(router_problems);
+        match crate::relay::router::Router::try_new(&self.outbox) {
+            Ok(router) => {
+                let dead_letter = self.dead_letter.as_ref().map(|d| d.topic.as_str());
+                if let (Some(constant), Some(dead_letter)) = (router.constant_topic(), dead_letter)
+                {
+                    if constant == dead_letter {
+                        problems.push(format!(
+                            "outbox.topic: {:?} sends every event to {constant:?}, the [dead_letter] topic, where it would be taken for a dead letter; route events elsewhere or choose another dead_letter.topic",
+                            self.outbox.topic
+                        ));
+                    }
+                }
+            }
+            Err(router_problems) => problems.extend(router_problems),
         }
         if let Some(metrics) = &self.metrics {
             if metrics.listen.parse::<std::net::SocketAddr>().is_err() {
@@ -539,6 +543,55 @@ mod tests {
         ] {
             assert!(all.contains(needle), "missing {needle} in {all}");
         }
+    }
+
+    #[test]
+    fn kafka_defaults_take_the_brokers_replication_factor() {
+        let config = parse(
+            "[postgres]\nurl = \"postgres://u@h/d\"\n[sink]\ntype = \"kafka\"\n[kafka]\nbrokers = \"k:9092\"\n",
+        )
+        .unwrap();
+        let v = config.validate(None).unwrap();
+        let kafka = v.config.kafka.unwrap();
+        assert_eq!(kafka.topic_replication_factor, -1);
+        assert_eq!(kafka.topic_partitions, 1);
+    }
+
+    #[test]
+    fn kafka_properties_that_give_up_on_events_are_refused_with_their_key() {
+        let config = parse(
+            "[postgres]\nurl = \"postgres://u@h/d\"\n[sink]\ntype = \"kafka\"\n[kafka]\nbrokers = \"k:9092\"\n[kafka.properties]\n\"request.required.acks\" = \"1\"\n\"delivery.timeout.ms\" = \"3000\"\n",
+        )
+        .unwrap();
+        let all = config.validate(None).unwrap_err().join("\n");
+        assert!(
+            all.contains("kafka.properties.\"request.required.acks\""),
+            "{all}"
+        );
+        assert!(
+            all.contains("kafka.properties.\"delivery.timeout.ms\""),
+            "{all}"
+        );
+    }
+
+    #[test]
+    fn a_constant_topic_equal_to_the_dead_letter_topic_is_refused() {
+        let config = parse(
+            "[postgres]\nurl = \"postgres://u@h/d\"\n[outbox]\ntopic = \"events\"\n[dead_letter]\ntopic = \"events\"\n",
+        )
+        .unwrap();
+        let all = config.validate(None).unwrap_err().join("\n");
+        assert!(
+            all.contains("outbox.topic") && all.contains("dead_letter"),
+            "{all}"
+        );
+        // A template that depends on the row may still hit the name for some rows:
+        // those are refused at routing time, not here.
+        let config = parse(
+            "[postgres]\nurl = \"postgres://u@h/d\"\n[dead_letter]\ntopic = \"outbox.event.same\"\n",
+        )
+        .unwrap();
+        assert!(config.validate(None).is_ok());
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub const IN_FLIGHT: &str = "outbox_relay_in_flight_events";
 pub const FLUSH_LSN: &str = "outbox_relay_flush_lsn";
 pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
 pub const LAST_STATUS_UNIX_SECONDS: &str = "outbox_relay_last_status_update_unix_seconds";
+pub const OLDEST_UNDELIVERED_SECONDS: &str = "outbox_relay_oldest_undelivered_seconds";
 
 /// The relay's metrics. Cheap to update from the hot path (relaxed atomics).
 #[derive(Debug, Default)]
@@ -29,6 +30,7 @@ pub struct Metrics {
     pub flush_lsn: AtomicU64,
     pub received_lsn: AtomicU64,
     pub last_status_unix_seconds: AtomicU64,
+    pub oldest_undelivered_seconds: AtomicU64,
 }
 
 impl Metrics {
@@ -96,6 +98,12 @@ impl Metrics {
                 "gauge",
                 "When the last status update was sent to PostgreSQL.",
                 get(&self.last_status_unix_seconds),
+            ),
+            (
+                OLDEST_UNDELIVERED_SECONDS,
+                "gauge",
+                "How long the oldest event handed to the sink has waited for its confirmation (0 when none waits); one stuck partition shows here.",
+                get(&self.oldest_undelivered_seconds),
             ),
         ] {
             out.push_str(&format!(
@@ -165,7 +173,7 @@ mod tests {
             text.contains("outbox_relay_flush_lsn 4294967296\n"),
             "{text}"
         );
-        assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 8);
+        assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 9);
     }
 
     #[tokio::test]

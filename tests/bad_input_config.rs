@@ -204,6 +204,102 @@ fn every_config_problem_is_listed_at_once_with_its_key() {
     );
 }
 
+/// A Kafka sink config on an address nothing listens on (a refused config never
+/// connects), with `extra` appended.
+fn kafka_config_with(extra: &str) -> String {
+    format!(
+        "[postgres]\nurl = \"postgres://relay@127.0.0.1:1/app\"\n\
+         [sink]\ntype = \"kafka\"\n[kafka]\nbrokers = \"127.0.0.1:1\"\n{extra}"
+    )
+}
+
+/// Settings that let librdkafka give up on events by itself (a message timeout, fewer
+/// retries, acks short of all, a transactional producer) are refused under every name
+/// librdkafka accepts for them, aliases and `topic.` prefixes included, naming the key
+/// as written and why. Before, `"request.required.acks" = "1"` passed `check` and then
+/// started or failed at random (two names of one property, applied in hash order).
+#[test]
+fn kafka_properties_that_let_librdkafka_give_up_are_refused_under_every_name() {
+    for (key, value, why) in [
+        (
+            "message.timeout.ms",
+            "3000",
+            "gives up on events during a broker outage",
+        ),
+        (
+            "delivery.timeout.ms",
+            "3000",
+            "gives up on events during a broker outage",
+        ),
+        (
+            "topic.message.timeout.ms",
+            "3000",
+            "gives up on events during a broker outage",
+        ),
+        ("request.required.acks", "1", "must stay \"all\""),
+        ("topic.acks", "1", "must stay \"all\""),
+        ("retries", "3", "unlimited"),
+        ("transactional.id", "relay", "transactions"),
+    ] {
+        let stderr = refused_by_check_and_run(
+            &kafka_config_with(&format!("[kafka.properties]\n\"{key}\" = \"{value}\"\n")),
+            &[
+                &format!("kafka.properties.\"{key}\""),
+                why,
+                "remove the key",
+            ],
+        );
+        // The same configuration gives the same answer every time.
+        let problems = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|line| line.trim_start().starts_with("- "))
+                .map(str::to_owned)
+                .collect()
+        };
+        for _ in 0..3 {
+            let (status, _, again) = ConfigFile::new(&kafka_config_with(&format!(
+                "[kafka.properties]\n\"{key}\" = \"{value}\"\n"
+            )))
+            .check();
+            assert_failed(status, &again);
+            assert_eq!(problems(&again), problems(&stderr), "deterministic");
+        }
+    }
+    // No timeout is what the relay sets itself; saying so explicitly is fine.
+    let (status, _, stderr) = ConfigFile::new(&kafka_config_with(
+        "[kafka.properties]\n\"message.timeout.ms\" = \"0\"\n\"acks\" = \"all\"\n",
+    ))
+    .check();
+    assert!(status.success(), "accepted:\n{stderr}");
+}
+
+/// Two names of one librdkafka property with different values would race: refused.
+#[test]
+fn two_names_of_one_kafka_property_are_refused_naming_both() {
+    refused_by_check_and_run(
+        &kafka_config_with(
+            "[kafka.properties]\n\"linger.ms\" = \"5\"\n\"queue.buffering.max.ms\" = \"50\"\n",
+        ),
+        &[
+            "\"linger.ms\"",
+            "\"queue.buffering.max.ms\"",
+            "same librdkafka property",
+            "keep one",
+        ],
+    );
+}
+
+/// A constant topic template equal to the dead-letter topic would send every event
+/// where dead letters go.
+#[test]
+fn a_constant_topic_equal_to_the_dead_letter_topic_is_refused() {
+    refused_by_check_and_run(
+        &kafka_config_with("[dead_letter]\ntopic = \"events\"\n")
+            .replace("[sink]", "[outbox]\ntopic = \"events\"\n[sink]"),
+        &["outbox.topic", "\"events\"", "dead_letter.topic"],
+    );
+}
+
 // ---------------------------------------------------------------------------------
 // Connecting
 // ---------------------------------------------------------------------------------

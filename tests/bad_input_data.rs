@@ -243,6 +243,12 @@ fn payload_over_message_max_bytes_is_dead_lettered_with_its_headers() {
         Some("outbox.event.big")
     );
     assert_eq!(letter.value, None, "oversize value dropped, headers kept");
+    assert!(
+        letter
+            .header("value.dropped")
+            .is_some_and(|why| why.contains("too large")),
+        "and a header says so: {letter:?}"
+    );
     assert_running(&relay);
     assert_acknowledged_through_now(&pg);
 }
@@ -411,6 +417,135 @@ fn route_values_making_illegal_topic_names_are_dead_lettered_naming_each() {
         "names the length limit: {}",
         reasons[2]
     );
+    assert_running(&relay);
+    assert_acknowledged_through_now(&pg);
+}
+
+/// A route value that makes the dead-letter topic's own name: the event is not sent
+/// there as if it were a dead letter; it is dead-lettered, with an `error` header
+/// saying why and its value kept, and when that record is too large for Kafka it goes
+/// without its value and a `value.dropped` header says so. (Before: the small event
+/// arrived there as a plain record without `error`, and the big one as a bare record
+/// without any header saying why.)
+#[test]
+fn an_event_routed_to_the_dead_letter_topics_own_name_is_dead_lettered_with_the_reason() {
+    let broker = KafkaBroker::shared();
+    let pg = cluster_with_outbox(PgOptions::default());
+    let dead_letter = "outbox.event.same";
+    let relay = start_streaming(&kafka_config(
+        &pg,
+        &broker.bootstrap(),
+        "",
+        Some(dead_letter),
+        &[],
+    ));
+    let before = insert(&pg, "order", "'{\"n\": 1}'");
+    let small = insert(&pg, "same", "'{\"n\": 2}'");
+    let big = pg
+        .client_db("app")
+        .query_one(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
+             VALUES ('same', 'b-1', 'Huge', jsonb_build_object('blob', repeat('x', 2 * 1024 * 1024))) \
+             RETURNING id::text",
+            &[],
+        )
+        .unwrap()
+        .get::<_, String>(0);
+    let after = insert(&pg, "order", "'{\"n\": 3}'");
+    assert_good_events_around(&broker, "outbox.event.order", &[&before, &after]);
+    let dead = consume(&broker.bootstrap(), &[dead_letter], 2, WAIT);
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    for (letter, id) in dead.iter().zip([&small, &big]) {
+        assert_eq!(letter.header("id").as_ref(), Some(id), "in commit order");
+        let error = letter.header("error").expect("an error header");
+        assert!(
+            error.contains("the dead-letter topic's own name") && error.contains(dead_letter),
+            "says why: {error}"
+        );
+        assert_eq!(letter.header("source.topic").as_deref(), Some(dead_letter));
+    }
+    assert_eq!(
+        json(
+            dead[0]
+                .value
+                .as_deref()
+                .expect("the small event keeps its value")
+        ),
+        serde_json::json!({"n": 2})
+    );
+    assert_eq!(dead[0].header("value.dropped"), None);
+    assert_eq!(dead[1].value, None, "2 MiB is over message.max.bytes");
+    let dropped = dead[1]
+        .header("value.dropped")
+        .expect("value.dropped says why");
+    assert!(dropped.contains("too large"), "{dropped}");
+    assert_running(&relay);
+    assert_acknowledged_through_now(&pg);
+}
+
+/// A partition placement beyond the topic's partitions (`_UNKNOWN_PARTITION`) is not
+/// the event's fault for good: partitions can be added. The relay retries (rebuilding
+/// the producer, resending from the acknowledged position) instead of dead-lettering
+/// it, acknowledges nothing past it meanwhile, and delivers it once the partition
+/// exists. (Before: dead-lettered at once.)
+#[test]
+fn a_partition_the_topic_does_not_have_yet_is_waited_for_not_dead_lettered() {
+    let broker = KafkaBroker::shared();
+    let pg = cluster_with_outbox(PgOptions::default());
+    pg.client_db("app")
+        .batch_execute("ALTER TABLE outbox ADD COLUMN part int NOT NULL DEFAULT 0")
+        .unwrap();
+    let relay = start_streaming(&kafka_config(
+        &pg,
+        &broker.bootstrap(),
+        "additional = [\"part:partition\"]",
+        Some(DEAD_LETTER),
+        &[],
+    ));
+    let first = insert(&pg, "parted", "'{\"n\": 1}'");
+    assert_good_events_around(&broker, "outbox.event.parted", &[&first]);
+    let before = pg.current_wal_lsn();
+    wait_until("the first event is acknowledged", WAIT, || {
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= before
+    });
+    let beyond: String = pg
+        .client_db("app")
+        .query_one(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, part) \
+             VALUES ('parted', 'a', 'T', '{\"n\": 2}', 3) RETURNING id::text",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let after = pg.current_wal_lsn();
+    // Retried, at least twice, without acknowledging the event or dead-lettering it.
+    let retried = || {
+        plain(&relay.stderr())
+            .matches("rebuilding the producer and resending")
+            .count()
+            >= 2
+    };
+    wait_until(
+        "the relay retries the unknown partition (or dead-letters it)",
+        WAIT,
+        || retried() || !support::read_all(&broker.bootstrap(), &[DEAD_LETTER]).is_empty(),
+    );
+    let confirmed = pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0);
+    assert!(
+        confirmed >= before && confirmed < after,
+        "nothing past the waiting event is acknowledged ({confirmed:X} not in {before:X}..{after:X})"
+    );
+    let dead = support::read_all(&broker.bootstrap(), &[DEAD_LETTER]);
+    assert!(dead.is_empty(), "not dead-lettered: {dead:?}");
+    assert!(retried(), "retried");
+    assert_running(&relay);
+    support::kafka::add_partitions(&broker.bootstrap(), "outbox.event.parted", 4);
+    let records = consume(&broker.bootstrap(), &["outbox.event.parted"], 2, WAIT);
+    let delivered = records
+        .iter()
+        .find(|r| r.header("id").as_ref() == Some(&beyond))
+        .unwrap_or_else(|| panic!("the event arrives once partition 3 exists: {records:?}"));
+    assert_eq!(delivered.partition, 3);
     assert_running(&relay);
     assert_acknowledged_through_now(&pg);
 }

@@ -557,3 +557,68 @@ fn graceful_broker_restart_mid_stream_loses_nothing_and_keeps_order() {
         support::u64_to_lsn(confirmed_while_down)
     ));
 }
+
+/// `pg_stat_replication`'s `reply_time` (the relay's last status update, as text) and
+/// how far the walsender has sent, for the relay's one walsender.
+fn walsender_state(client: &mut postgres::Client) -> Option<(String, u64)> {
+    let row = client
+        .query_opt(
+            "SELECT reply_time::text, (sent_lsn - '0/0'::pg_lsn)::text FROM pg_stat_replication",
+            &[],
+        )
+        .ok()??;
+    let reply: Option<String> = row.get(0);
+    let sent: Option<String> = row.get(1);
+    Some((reply?, sent?.parse().ok()?))
+}
+
+/// Topic creation runs off the pipeline's loop: with the broker paused while the relay
+/// creates a new topic, status updates keep going (`reply_time` keeps advancing) and
+/// the event arrives once the broker answers again. Before, the loop awaited the admin
+/// request (up to 10 s) and sent nothing meanwhile.
+#[test]
+fn status_updates_keep_flowing_while_a_topic_is_created_on_a_paused_broker() {
+    /// Watched for less than the admin request's 10 s timeout.
+    const WATCH: Duration = Duration::from_secs(8);
+    /// Status updates go out every 200 ms here; a gap this long means the loop stalled.
+    const LONGEST_GAP: Duration = Duration::from_secs(3);
+    let broker = KafkaBroker::start();
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&kafka_config(&pg, &broker.bootstrap(), "", None, &[]));
+    insert_events(&pg, "warm", 1, 0);
+    consume(&broker.bootstrap(), &["outbox.event.warm"], 1, WAIT);
+    let mut client = pg.client();
+    broker.pause();
+    let ids = insert_events(&pg, "fresh", 1, 1);
+    let written = pg.current_wal_lsn();
+    support::wait_until("the walsender sent the new event", WAIT, || {
+        walsender_state(&mut client).is_some_and(|(_, sent)| sent >= written)
+    });
+    let mut last = walsender_state(&mut client).map(|(reply, _)| reply);
+    let mut last_change = Instant::now();
+    let mut longest = Duration::ZERO;
+    let until = Instant::now() + WATCH;
+    while Instant::now() < until {
+        let reply = walsender_state(&mut client).map(|(reply, _)| reply);
+        if reply.is_some() && reply != last {
+            longest = longest.max(last_change.elapsed());
+            last_change = Instant::now();
+            last = reply;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    longest = longest.max(last_change.elapsed());
+    assert!(
+        longest < LONGEST_GAP,
+        "no status update for {longest:?} while the topic was being created; relay stderr:\n{}",
+        relay.stderr_tail()
+    );
+    broker.resume();
+    let records = consume(&broker.bootstrap(), &["outbox.event.fresh"], 1, WAIT);
+    assert_eq!(records[0].header("id"), Some(ids[0].clone()));
+    let end = pg.current_wal_lsn();
+    support::wait_until("the new topic's event is acknowledged", WAIT, || {
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= end
+    });
+    assert_eq!(relay.exit_status(), None, "the relay keeps running");
+}

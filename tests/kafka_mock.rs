@@ -1,16 +1,71 @@
 //! Producer faults no single real broker can be made to produce (a fatal idempotence
-//! error), injected with librdkafka's built-in mock cluster (hosted in this test
-//! process; the relay binary connects to it over TCP).
+//! error, a chosen error code in a produce response, one partition's leader down),
+//! injected with librdkafka's built-in mock cluster (hosted in this test process; the
+//! relay binary connects to it over TCP).
 //! The mock has no CreateTopics; it creates topics on first metadata request, so the
 //! relay runs with `create_topics = false` here.
 
 mod support;
 
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use support::kafka::consume;
-use support::outbox::{cluster_with_outbox, kafka_config, start_streaming, SLOT, WAIT};
-use support::PgOptions;
+use support::kafka::{consume, read_all};
+use support::outbox::{
+    cluster_with_outbox, free_port, kafka_config, metric, plain, start_streaming, SLOT, WAIT,
+};
+use support::{PgCluster, PgOptions, RelayProcess};
+
+const DEAD_LETTER: &str = "outbox.dead-letter";
+
+/// A relay on `mock` (no topic creation), with `dead_letter` and extra `[outbox]` lines.
+fn mock_config(pg: &PgCluster, bootstrap: &str, outbox: &str, dead_letter: Option<&str>) -> String {
+    kafka_config(pg, bootstrap, outbox, dead_letter, &[])
+        .replace("[kafka]\n", "[kafka]\ncreate_topics = false\n")
+}
+
+/// Inserts one event of aggregate type `kind` with id `id`.
+fn insert(pg: &PgCluster, id: &str, kind: &str) {
+    pg.client_db("app")
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+             VALUES ($1::text::uuid, $2, 'o', 'T', '{\"n\": 1}')",
+            &[&id, &kind],
+        )
+        .unwrap();
+}
+
+fn wait_acknowledged_through_now(pg: &PgCluster) {
+    let current = pg.current_wal_lsn();
+    support::wait_until("everything written so far is acknowledged", WAIT, || {
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= current
+    });
+}
+
+/// The high watermark of one partition (the watermarks of all partitions, which
+/// `read_all` needs, cannot be had while a leader is down).
+fn high_watermark(bootstrap: &str, topic: &str, partition: i32) -> i64 {
+    let client: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("a metadata client");
+    let (_, high) = client
+        .fetch_watermarks(topic, partition, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("watermarks of {topic}/{partition}: {e}"));
+    high
+}
+
+fn assert_running(relay: &RelayProcess) {
+    assert_eq!(
+        relay.exit_status(),
+        None,
+        "the relay keeps running; stderr:\n{}",
+        relay.stderr_tail()
+    );
+}
 
 #[test]
 fn a_fatal_producer_error_rebuilds_the_producer_and_resends() {
@@ -22,15 +77,8 @@ fn a_fatal_producer_error_rebuilds_the_producer_and_resends() {
         RDKafkaApiKey::InitProducerId,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED],
     );
-    let config = kafka_config(&pg, &mock.bootstrap_servers(), "", None, &[])
-        .replace("[kafka]\n", "[kafka]\ncreate_topics = false\n");
-    let relay = start_streaming(&config);
-    pg.client_db("app")
-        .batch_execute(
-            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
-             VALUES ('00000000-0000-0000-0000-0000000000aa', 'fatal', 'o', 'T', '{\"n\": 1}')",
-        )
-        .unwrap();
+    let relay = start_streaming(&mock_config(&pg, &mock.bootstrap_servers(), "", None));
+    insert(&pg, "00000000-0000-0000-0000-0000000000aa", "fatal");
     relay.wait_for_stderr(
         "streaming resumes from the slot's acknowledged position",
         WAIT,
@@ -42,9 +90,237 @@ fn a_fatal_producer_error_rebuilds_the_producer_and_resends() {
             .any(|r| r.header("id").as_deref() == Some("00000000-0000-0000-0000-0000000000aa")),
         "the event is delivered by the rebuilt producer: {records:?}"
     );
-    let current = pg.current_wal_lsn();
-    support::wait_until("the event is acknowledged after the restart", WAIT, || {
-        pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= current
-    });
-    assert_eq!(relay.exit_status(), None, "the relay keeps running");
+    wait_acknowledged_through_now(&pg);
+    assert_running(&relay);
+}
+
+/// An error that is not the record's fault (here `NOT_CONTROLLER` in the produce
+/// response, which librdkafka does not retry itself) rebuilds the producer and sends
+/// the event again: it reaches its topic, and nothing goes to the dead-letter topic.
+#[test]
+fn a_transient_produce_error_is_retried_not_dead_lettered() {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&mock_config(
+        &pg,
+        &mock.bootstrap_servers(),
+        "",
+        Some(DEAD_LETTER),
+    ));
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_CONTROLLER],
+    );
+    let id = "00000000-0000-0000-0000-0000000000b1";
+    insert(&pg, id, "transient");
+    wait_acknowledged_through_now(&pg);
+    // Acknowledged means settled: the event, or its dead letter, is in Kafka now.
+    let dead = read_all(&mock.bootstrap_servers(), &[DEAD_LETTER]);
+    assert!(dead.is_empty(), "nothing is dead-lettered: {dead:?}");
+    let records = read_all(&mock.bootstrap_servers(), &["outbox.event.transient"]);
+    assert_eq!(
+        records.first().and_then(|r| r.header("id")).as_deref(),
+        Some(id),
+        "the event reached its own topic: {records:?}"
+    );
+    relay.wait_for_stderr("rebuilding the producer and resending", WAIT);
+    assert_running(&relay);
+}
+
+/// Authorization is not the record's fault either, and no retry fixes it: the relay
+/// stops, says which ACL to grant, and acknowledges nothing.
+#[test]
+fn topic_authorization_failed_stops_the_relay_unacknowledged() {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&mock_config(
+        &pg,
+        &mock.bootstrap_servers(),
+        "",
+        Some(DEAD_LETTER),
+    ));
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED],
+    );
+    insert(&pg, "00000000-0000-0000-0000-0000000000c1", "secret");
+    let after = pg.current_wal_lsn();
+    let status = relay.wait_exit(WAIT);
+    let stderr = plain(&relay.stderr());
+    assert_eq!(status.code(), Some(1), "a definite error:\n{stderr}");
+    assert!(
+        stderr.contains("outbox.event.secret"),
+        "names the topic:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("WRITE") && stderr.contains("principal"),
+        "says which ACL to grant:\n{stderr}"
+    );
+    let confirmed = pg.slot_confirmed_flush_lsn(SLOT).unwrap();
+    assert!(
+        confirmed < after,
+        "the event is not acknowledged ({confirmed:X}, written by {after:X})"
+    );
+    let dead = read_all(&mock.bootstrap_servers(), &[DEAD_LETTER]);
+    assert!(dead.is_empty(), "nothing is dead-lettered: {dead:?}");
+}
+
+/// A dead-letter record refused for its size goes again without its value, and says
+/// so in a `value.dropped` header; the original reason stays in `error`.
+#[test]
+fn a_dead_letter_refused_for_size_goes_without_its_value_saying_so() {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&mock_config(
+        &pg,
+        &mock.bootstrap_servers(),
+        "",
+        Some(DEAD_LETTER),
+    ));
+    // The event's produce request, then its dead-letter record's.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+        ],
+    );
+    let id = "00000000-0000-0000-0000-0000000000d1";
+    insert(&pg, id, "sized");
+    let dead = consume(&mock.bootstrap_servers(), &[DEAD_LETTER], 1, WAIT);
+    let letter = &dead[0];
+    assert_eq!(letter.header("id").as_deref(), Some(id));
+    assert!(
+        letter
+            .header("error")
+            .is_some_and(|e| e.contains("too large")),
+        "{letter:?}"
+    );
+    assert_eq!(letter.value, None);
+    let dropped = letter
+        .header("value.dropped")
+        .expect("a value.dropped header");
+    assert!(dropped.contains("too large"), "says why: {dropped}");
+    wait_acknowledged_through_now(&pg);
+    assert_running(&relay);
+}
+
+/// Any other failure of a dead-letter record is not a reason to strip it: a transient
+/// one is retried from the acknowledged position (and here the event then reaches its
+/// own topic); the dead-letter topic never gets a record without its value.
+#[test]
+fn a_dead_letter_failing_transiently_is_retried_not_stripped() {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&mock_config(
+        &pg,
+        &mock.bootstrap_servers(),
+        "",
+        Some(DEAD_LETTER),
+    ));
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_CONTROLLER,
+        ],
+    );
+    let id = "00000000-0000-0000-0000-0000000000e1";
+    insert(&pg, id, "flaky");
+    wait_acknowledged_through_now(&pg);
+    for letter in read_all(&mock.bootstrap_servers(), &[DEAD_LETTER]) {
+        assert!(
+            letter.value.is_some(),
+            "a dead-letter record lost its value: {letter:?}"
+        );
+    }
+    let records = read_all(&mock.bootstrap_servers(), &["outbox.event.flaky"]);
+    assert_eq!(
+        records.first().and_then(|r| r.header("id")).as_deref(),
+        Some(id),
+        "resent from the acknowledged position, the event reached its own topic: {records:?}"
+    );
+    relay.wait_for_stderr("rebuilding the producer and resending", WAIT);
+    assert_running(&relay);
+}
+
+/// One partition's leader is down while the other partition delivers: the oldest
+/// undelivered event ages, the metric shows it, and after `stall_release_ms` the relay
+/// lets the replication connection go, although deliveries never stopped elsewhere.
+#[test]
+fn a_stuck_partition_is_seen_while_others_deliver() {
+    let mock = MockCluster::new(2).expect("mock cluster");
+    let topic = "outbox.event.stuck";
+    mock.create_topic(topic, 2, 1).expect("creating the topic");
+    mock.partition_leader(topic, 0, Some(1))
+        .expect("leader of 0");
+    mock.partition_leader(topic, 1, Some(2))
+        .expect("leader of 1");
+    let pg = cluster_with_outbox(PgOptions::default());
+    pg.client_db("app")
+        .batch_execute("ALTER TABLE outbox ADD COLUMN part int NOT NULL DEFAULT 0")
+        .unwrap();
+    let port = free_port();
+    let config = mock_config(
+        &pg,
+        &mock.bootstrap_servers(),
+        "additional = [\"part:partition\"]",
+        None,
+    )
+    .replace(
+        "status_interval_ms = 200\n",
+        "status_interval_ms = 200\n[relay]\nstall_release_ms = 3000\n",
+    ) + &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n");
+    let relay = start_streaming(&config);
+    let mut client = pg.client_db("app");
+    let mut insert_on = |partition: i32| {
+        client
+            .execute(
+                "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, part)
+                 VALUES ('stuck', 'o', 'T', '{}', $1)",
+                &[&partition],
+            )
+            .unwrap();
+    };
+    insert_on(0);
+    consume(&mock.bootstrap_servers(), &[topic], 1, WAIT);
+    mock.broker_down(2).expect("broker 2 down");
+    insert_on(1);
+    let mut oldest_seen = 0;
+    let mut delivered_meanwhile = 0;
+    support::wait_until(
+        "the relay releases the connection for the stuck partition",
+        WAIT,
+        || {
+            // Partition 0 keeps delivering all along.
+            insert_on(0);
+            delivered_meanwhile += 1;
+            if let Some(age) = metric(port, "outbox_relay_oldest_undelivered_seconds") {
+                oldest_seen = oldest_seen.max(age);
+            }
+            plain(&relay.stderr()).contains("the oldest undelivered event has waited")
+        },
+    );
+    assert!(
+        oldest_seen >= 1,
+        "outbox_relay_oldest_undelivered_seconds showed the stuck event (max {oldest_seen})"
+    );
+    let partition_0 = high_watermark(&mock.bootstrap_servers(), topic, 0);
+    assert!(
+        partition_0 > 1,
+        "partition 0 delivered meanwhile ({partition_0} records, {delivered_meanwhile} written)"
+    );
+    // The stuck event is not acknowledged, and arrives once its partition is back.
+    mock.broker_up(2).expect("broker 2 up");
+    let end = pg.current_wal_lsn();
+    support::wait_until(
+        "everything acknowledged once the leader is back",
+        WAIT,
+        || pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= end,
+    );
+    assert!(
+        high_watermark(&mock.bootstrap_servers(), topic, 1) >= 1,
+        "the stuck event arrived"
+    );
+    assert_running(&relay);
 }

@@ -414,3 +414,131 @@ fn a_topic_that_cannot_be_created_stops_the_relay_naming_it() {
         "the event is not acknowledged"
     );
 }
+
+/// Runs Kafka's Java producer (`tests/support/java/KeyProducer.java`, in Java's
+/// source-file mode on the test broker's jars) on `keys` into `topic`; returns the
+/// partition it picked for each key.
+fn java_producer_partitions(
+    bootstrap: &str,
+    topic: &str,
+    keys: &[String],
+) -> BTreeMap<String, i32> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/support/java/KeyProducer.java");
+    let java = std::env::var_os("JAVA_HOME")
+        .map(|home| std::path::PathBuf::from(home).join("bin/java"))
+        .filter(|java| java.is_file())
+        .unwrap_or_else(|| "java".into());
+    let mut child = Command::new(java)
+        .arg("-cp")
+        .arg(format!("{}/*", support::kafka::kafka_libs_dir().display()))
+        .arg(&source)
+        .args([bootstrap, topic])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running java (a JDK is needed for the test broker anyway)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(keys.join("\n").as_bytes())
+        .expect("writing the keys");
+    // Bounded by the producer's own delivery timeout (2 minutes by default).
+    let output = child.wait_with_output().expect("waiting for java");
+    assert!(
+        output.status.success(),
+        "the Java producer failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (key, partition) = line.split_once('\t')?;
+            Some((key.to_owned(), partition.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The relay's default partitioner is Kafka's Java one (murmur2 of the key): the same
+/// keys land on the same partitions as with Kafka's Java producer, Kafka Connect or
+/// Debezium, so switching relays keeps per-key order. librdkafka's own default
+/// (CRC32) puts most keys elsewhere.
+#[test]
+fn a_key_lands_on_the_partition_kafkas_java_producer_picks() {
+    const PARTITIONS: i32 = 6;
+    let broker = KafkaBroker::shared();
+    let pg = cluster_with_outbox(PgOptions::default());
+    let config = kafka_config(
+        &pg,
+        &broker.bootstrap(),
+        "key_column = \"aggregateid\"",
+        None,
+        &[],
+    )
+    .replace(
+        "[kafka]\n",
+        &format!("[kafka]\ntopic_partitions = {PARTITIONS}\n"),
+    );
+    let relay = start_streaming(&config);
+    let keys: Vec<String> = (0..120)
+        .map(|i| format!("customer-{i}"))
+        .chain(
+            [
+                "ü-ñ-ключ",
+                "a-much-longer-aggregate-id-0123456789-abcdefghij",
+            ]
+            .map(String::from),
+        )
+        .collect();
+    let mut client = pg.client_db("app");
+    for key in &keys {
+        client
+            .execute(
+                "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('keyed', $1, 'T', '{}')",
+                &[key],
+            )
+            .unwrap();
+    }
+    let relayed = consume(
+        &broker.bootstrap(),
+        &["outbox.event.keyed"],
+        keys.len(),
+        WAIT,
+    );
+    assert_eq!(relayed.len(), keys.len());
+    let relay_partitions: BTreeMap<String, i32> = relayed
+        .iter()
+        .map(|r| (r.key_str().expect("a key"), r.partition))
+        .collect();
+    support::create_topic(&broker.bootstrap(), "java.keyed", PARTITIONS);
+    let java_partitions = java_producer_partitions(&broker.bootstrap(), "java.keyed", &keys);
+    assert_eq!(
+        java_partitions.len(),
+        keys.len(),
+        "one line per key from Java"
+    );
+    let differing: Vec<_> = keys
+        .iter()
+        .filter(|key| relay_partitions.get(*key) != java_partitions.get(*key))
+        .map(|key| (key, relay_partitions.get(key), java_partitions.get(key)))
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "{} of {} keys land elsewhere than with Kafka's Java producer (key, relay, java): {:?}",
+        differing.len(),
+        keys.len(),
+        &differing[..differing.len().min(5)]
+    );
+    let used: HashSet<i32> = relay_partitions.values().copied().collect();
+    assert_eq!(
+        used.len(),
+        PARTITIONS as usize,
+        "the keys spread over every partition"
+    );
+    drop(relay);
+}

@@ -598,6 +598,8 @@ mod tests {
             slot: "outbox_relay".into(),
             publication: "outbox_relay".into(),
             table: QualifiedName::parse("public.outbox").unwrap(),
+            state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
+            failover: true,
         };
         for (version, message, detail) in [
             (
@@ -656,6 +658,8 @@ mod tests {
             slot: "outbox_relay".into(),
             publication: "outbox_relay".into(),
             table: QualifiedName::parse("public.outbox").unwrap(),
+            state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
+            failover: true,
         };
         // As PostgreSQL 18 sends it in the middle of the stream.
         let warning = crate::pg::conn::DbError {

@@ -22,11 +22,33 @@
 //! ([`crate::relay::watch`]) has vouched for it (the outbox was still published as it
 //! was up to there). Rows the publication no longer carries never reach the stream, so
 //! nothing else could tell that positions past them hide lost events.
+//!
+//! Each event handed to the sink gets a [`Ticket`] carrying its send time (`now` is
+//! passed in, so the tracker stays pure). The age of the oldest undelivered event is
+//! what stall detection watches: one stuck partition shows there even while every other
+//! partition delivers.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use crate::pg::Lsn;
 use crate::sink::TxnSeq;
+
+/// One undelivered event: handed out by [`AckTracker::event_sent`], settled by
+/// [`AckTracker::delivered`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    seq: TxnSeq,
+    /// Send order; also the key of its send time.
+    serial: u64,
+}
+
+impl Ticket {
+    /// The transaction the event belongs to.
+    pub fn seq(&self) -> TxnSeq {
+        self.seq
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct TxnState {
@@ -61,7 +83,9 @@ pub struct AckTracker {
     /// The highest position the outbox watch vouched for (no bound until
     /// [`AckTracker::cap_at`] sets one).
     vouched: Lsn,
-    in_flight: u64,
+    /// Send time of every undelivered event, by ticket serial (= send order).
+    outstanding: BTreeMap<u64, Instant>,
+    next_serial: u64,
 }
 
 impl AckTracker {
@@ -117,11 +141,17 @@ impl AckTracker {
             .ok_or(AckError::UnknownTxn { seq })
     }
 
-    /// One event of transaction `seq` was handed to the sink.
-    pub fn event_sent(&mut self, seq: TxnSeq) -> Result<(), AckError> {
+    /// One event of transaction `seq` was handed to the sink at `now` (which must not
+    /// go backwards between calls). The ticket settles it in [`AckTracker::delivered`].
+    pub fn event_sent(&mut self, seq: TxnSeq, now: Instant) -> Result<Ticket, AckError> {
         self.state(seq)?.undelivered += 1;
-        self.in_flight += 1;
-        Ok(())
+        let ticket = Ticket {
+            seq,
+            serial: self.next_serial,
+        };
+        self.next_serial += 1;
+        self.outstanding.insert(ticket.serial, now);
+        Ok(ticket)
     }
 
     /// Transaction `seq` committed; its `end_lsn` is the position after its commit record.
@@ -131,15 +161,27 @@ impl AckTracker {
         Ok(())
     }
 
-    /// One event of transaction `seq` has a successful delivery report.
-    pub fn delivered(&mut self, seq: TxnSeq) -> Result<(), AckError> {
+    /// The event of `ticket` has a successful delivery report (or is settled by its
+    /// dead-letter record).
+    pub fn delivered(&mut self, ticket: Ticket) -> Result<(), AckError> {
+        let seq = ticket.seq;
+        self.state(seq)?;
+        if self.outstanding.remove(&ticket.serial).is_none() {
+            return Err(AckError::TooManyReports { seq });
+        }
         let state = self.state(seq)?;
         state.undelivered = state
             .undelivered
             .checked_sub(1)
             .ok_or(AckError::TooManyReports { seq })?;
-        self.in_flight -= 1;
         Ok(())
+    }
+
+    /// How long the oldest undelivered event has waited, `None` when none waits.
+    pub fn oldest_undelivered_age(&self, now: Instant) -> Option<Duration> {
+        self.outstanding
+            .first_key_value()
+            .map(|(_, sent)| now.saturating_duration_since(*sent))
     }
 
     /// A keepalive said everything before `wal_end` was sent.
@@ -149,7 +191,7 @@ impl AckTracker {
 
     /// Events handed to the sink and not yet delivered.
     pub fn in_flight(&self) -> u64 {
-        self.in_flight
+        u64::try_from(self.outstanding.len()).unwrap_or(u64::MAX)
     }
 
     /// Transactions begun and not yet fully delivered.
@@ -195,14 +237,18 @@ impl AckTracker {
 mod tests {
     use super::*;
 
+    fn t0() -> Instant {
+        Instant::now()
+    }
+
     #[test]
     fn nothing_past_the_vouched_position_is_reported() {
         let mut t = AckTracker::new(Lsn(100), 0);
         t.cap_at(Lsn(100));
         t.begin(0).unwrap();
-        t.event_sent(0).unwrap();
+        let ticket = t.event_sent(0, t0()).unwrap();
         t.commit(0, Lsn(200)).unwrap();
-        t.delivered(0).unwrap();
+        t.delivered(ticket).unwrap();
         t.keepalive(Lsn(300));
         assert!(t.wants_vouching());
         assert_eq!(t.flush_lsn(), Lsn(100), "delivered, but not vouched for");
@@ -222,30 +268,33 @@ mod tests {
 
     #[test]
     fn acks_end_lsn_only_after_every_event_is_delivered() {
+        let now = t0();
         let mut t = AckTracker::new(Lsn(100), 0);
         t.begin(0).unwrap();
-        t.event_sent(0).unwrap();
-        t.event_sent(0).unwrap();
+        let a = t.event_sent(0, now).unwrap();
+        let b = t.event_sent(0, now).unwrap();
         t.commit(0, Lsn(200)).unwrap();
         assert_eq!(t.flush_lsn(), Lsn(100), "nothing delivered yet");
-        t.delivered(0).unwrap();
+        t.delivered(a).unwrap();
         assert_eq!(t.flush_lsn(), Lsn(100), "one of two delivered");
-        t.delivered(0).unwrap();
+        t.delivered(b).unwrap();
         assert_eq!(t.flush_lsn(), Lsn(200), "the commit's end_lsn");
         assert_eq!(t.in_flight(), 0);
     }
 
     #[test]
     fn a_later_delivered_transaction_waits_for_an_earlier_one() {
+        let now = t0();
         let mut t = AckTracker::new(Lsn(0), 5);
+        let mut tickets = Vec::new();
         for (seq, end) in [(5, 10), (6, 20)] {
             t.begin(seq).unwrap();
-            t.event_sent(seq).unwrap();
+            tickets.push(t.event_sent(seq, now).unwrap());
             t.commit(seq, Lsn(end)).unwrap();
         }
-        t.delivered(6).unwrap();
+        t.delivered(tickets[1]).unwrap();
         assert_eq!(t.flush_lsn(), Lsn(0));
-        t.delivered(5).unwrap();
+        t.delivered(tickets[0]).unwrap();
         assert_eq!(t.flush_lsn(), Lsn(20));
     }
 
@@ -253,8 +302,8 @@ mod tests {
     fn an_uncommitted_transaction_is_never_acknowledged() {
         let mut t = AckTracker::new(Lsn(0), 0);
         t.begin(0).unwrap();
-        t.event_sent(0).unwrap();
-        t.delivered(0).unwrap();
+        let ticket = t.event_sent(0, t0()).unwrap();
+        t.delivered(ticket).unwrap();
         t.keepalive(Lsn(500));
         assert_eq!(
             t.flush_lsn(),
@@ -293,6 +342,7 @@ mod tests {
 
     #[test]
     fn protocol_misuse_is_an_error() {
+        let now = t0();
         let mut t = AckTracker::new(Lsn(0), 0);
         assert_eq!(
             t.begin(1),
@@ -301,12 +351,79 @@ mod tests {
                 expected: 0
             })
         );
-        assert_eq!(t.event_sent(0), Err(AckError::UnknownTxn { seq: 0 }));
+        assert_eq!(t.event_sent(0, now), Err(AckError::UnknownTxn { seq: 0 }));
         t.begin(0).unwrap();
-        assert_eq!(t.delivered(0), Err(AckError::TooManyReports { seq: 0 }));
+        let ticket = t.event_sent(0, now).unwrap();
+        t.delivered(ticket).unwrap();
+        assert_eq!(
+            t.delivered(ticket),
+            Err(AckError::TooManyReports { seq: 0 }),
+            "a ticket settles once"
+        );
         t.commit(0, Lsn(1)).unwrap();
         t.flush_lsn();
-        assert_eq!(t.delivered(0), Err(AckError::UnknownTxn { seq: 0 }));
+        assert_eq!(t.delivered(ticket), Err(AckError::UnknownTxn { seq: 0 }));
+    }
+
+    #[test]
+    fn the_oldest_undelivered_event_ages_while_others_deliver() {
+        let start = t0();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut t = AckTracker::new(Lsn(0), 0);
+        assert_eq!(t.oldest_undelivered_age(at(0)), None, "nothing in flight");
+        t.begin(0).unwrap();
+        // One event on a stuck partition, sent at 0 ms.
+        let stuck = t.event_sent(0, at(0)).unwrap();
+        t.commit(0, Lsn(10)).unwrap();
+        // Later transactions keep being sent and delivered (other partitions).
+        for seq in 1..=50u64 {
+            t.begin(seq).unwrap();
+            let ticket = t.event_sent(seq, at(seq * 100)).unwrap();
+            t.commit(seq, Lsn(10 + seq * 10)).unwrap();
+            t.delivered(ticket).unwrap();
+        }
+        assert_eq!(
+            t.oldest_undelivered_age(at(5_000)),
+            Some(Duration::from_secs(5)),
+            "deliveries elsewhere do not hide the stuck event"
+        );
+        assert_eq!(t.flush_lsn(), Lsn(0), "and nothing past it is acknowledged");
+        t.delivered(stuck).unwrap();
+        assert_eq!(t.oldest_undelivered_age(at(5_000)), None);
+        assert_eq!(t.flush_lsn(), Lsn(510));
+    }
+
+    #[test]
+    fn the_age_follows_the_oldest_of_several_undelivered_events() {
+        let start = t0();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut t = AckTracker::new(Lsn(0), 0);
+        t.begin(0).unwrap();
+        let first = t.event_sent(0, at(0)).unwrap();
+        let second = t.event_sent(0, at(1_000)).unwrap();
+        let third = t.event_sent(0, at(2_000)).unwrap();
+        assert_eq!(
+            t.oldest_undelivered_age(at(3_000)),
+            Some(Duration::from_secs(3))
+        );
+        t.delivered(first).unwrap();
+        assert_eq!(
+            t.oldest_undelivered_age(at(3_000)),
+            Some(Duration::from_secs(2))
+        );
+        t.delivered(third).unwrap();
+        assert_eq!(
+            t.oldest_undelivered_age(at(3_000)),
+            Some(Duration::from_secs(2)),
+            "a younger delivery does not reset the older one"
+        );
+        t.delivered(second).unwrap();
+        assert_eq!(t.oldest_undelivered_age(at(3_000)), None);
+        assert_eq!(
+            t.oldest_undelivered_age(at(0)),
+            None,
+            "and a clock before a send time is no panic"
+        );
     }
 
     proptest::proptest! {
@@ -317,14 +434,14 @@ mod tests {
             sizes in proptest::collection::vec(0u64..4, 1..20),
             order in proptest::collection::vec(proptest::num::usize::ANY, 0..200),
         ) {
+            let now = Instant::now();
             let mut t = AckTracker::new(Lsn(0), 0);
-            let mut pending: Vec<u64> = Vec::new();
+            let mut pending: Vec<Ticket> = Vec::new();
             for (seq, size) in sizes.iter().enumerate() {
                 let seq = seq as u64;
                 t.begin(seq).unwrap();
                 for _ in 0..*size {
-                    t.event_sent(seq).unwrap();
-                    pending.push(seq);
+                    pending.push(t.event_sent(seq, now).unwrap());
                 }
                 t.commit(seq, Lsn((seq + 1) * 100)).unwrap();
             }
@@ -333,9 +450,9 @@ mod tests {
             let mut picks = order.into_iter();
             while !pending.is_empty() {
                 let i = picks.next().unwrap_or(0) % pending.len();
-                let seq = pending.swap_remove(i);
-                t.delivered(seq).unwrap();
-                remaining[seq as usize] -= 1;
+                let ticket = pending.swap_remove(i);
+                t.delivered(ticket).unwrap();
+                remaining[ticket.seq() as usize] -= 1;
                 let flush = t.flush_lsn();
                 proptest::prop_assert!(flush >= last);
                 last = flush;
@@ -344,6 +461,7 @@ mod tests {
                 }
             }
             proptest::prop_assert_eq!(t.flush_lsn(), Lsn(sizes.len() as u64 * 100));
+            proptest::prop_assert_eq!(t.oldest_undelivered_age(now), None);
         }
     }
 }

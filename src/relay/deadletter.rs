@@ -2,6 +2,11 @@
 //! cannot be routed, an oversize payload, a topic Kafka refuses) goes to the
 //! dead-letter topic with the reason in headers, and is acknowledged only once that
 //! record is delivered. Never skipped without a trace.
+//!
+//! A dead-letter record keeps the event's value. Only when the record itself is too
+//! large for Kafka is it sent again without the value, and then with a
+//! [`HEADER_VALUE_DROPPED`] header saying why ([`DeadLetter::without_value`]); any other
+//! failure of a dead-letter record is retried or stops the relay.
 
 use crate::pg::Lsn;
 use crate::relay::router::{Header, OutboxEvent, PayloadFormat};
@@ -11,6 +16,9 @@ pub const HEADER_ERROR: &str = "error";
 pub const HEADER_SOURCE_TABLE: &str = "source.table";
 pub const HEADER_SOURCE_LSN: &str = "source.lsn";
 pub const HEADER_ORIGINAL_TOPIC: &str = "source.topic";
+/// Present only on a dead-letter record sent without its value because even that
+/// record was too large; its value says why.
+pub const HEADER_VALUE_DROPPED: &str = "value.dropped";
 
 /// What is known about the failed event.
 #[derive(Debug, Clone)]
@@ -72,6 +80,22 @@ impl DeadLetter {
         }
     }
 
+    /// A dead-letter record that Kafka refused for its size, without its value and
+    /// with a [`HEADER_VALUE_DROPPED`] header carrying `reason`. `None` when it has no
+    /// value to drop (then nothing smaller can be sent).
+    pub fn without_value(record: &OutboxEvent, reason: &str) -> Option<OutboxEvent> {
+        record.value()?;
+        let mut bare = record.clone();
+        bare.payload = None;
+        bare.envelope.clear();
+        bare.tombstone = false;
+        bare.headers.push(Header {
+            name: HEADER_VALUE_DROPPED.into(),
+            value: Some(reason.to_owned()),
+        });
+        Some(bare)
+    }
+
     /// From an event that was routed but cannot be delivered as it is.
     pub fn from_event(event: &OutboxEvent, reason: String, source_table: &str) -> Self {
         DeadLetter {
@@ -123,5 +147,38 @@ mod tests {
         assert_eq!(header(HEADER_SOURCE_LSN).as_deref(), Some("1/20"));
         assert_eq!(header(HEADER_ORIGINAL_TOPIC), None);
         assert_eq!(record.value().as_deref(), Some(&b"{\"id\":null}"[..]));
+        assert_eq!(header(HEADER_VALUE_DROPPED), None, "the value is there");
+    }
+
+    #[test]
+    fn only_a_record_with_a_value_can_drop_it_and_says_so() {
+        let record = DeadLetter {
+            reason: "topic \"x\": illegal".into(),
+            source_table: "public.outbox".into(),
+            source_lsn: Lsn(1),
+            original_topic: Some("x".into()),
+            key: Some("k".into()),
+            headers: Vec::new(),
+            value: Some(vec![b'v'; 10]),
+            timestamp_ms: 5,
+        }
+        .into_event("dlq");
+        let bare = DeadLetter::without_value(&record, "too large: 2000000 bytes").unwrap();
+        assert_eq!(bare.value(), None);
+        assert_eq!(bare.key.as_deref(), Some("k"));
+        let dropped = bare
+            .headers
+            .iter()
+            .find(|h| h.name == HEADER_VALUE_DROPPED)
+            .and_then(|h| h.value.as_deref());
+        assert_eq!(dropped, Some("too large: 2000000 bytes"));
+        assert!(
+            bare.headers.iter().any(|h| h.name == HEADER_ERROR),
+            "the original reason stays"
+        );
+        assert!(
+            DeadLetter::without_value(&bare, "again").is_none(),
+            "nothing smaller to send"
+        );
     }
 }

@@ -42,7 +42,9 @@ pub enum RelayError {
         lsn: Lsn,
         reason: String,
     },
-    #[error("the dead-letter topic refused a record: {0}")]
+    #[error("{reason}; no [dead_letter] topic is configured, so the relay stops without acknowledging it")]
+    RefusedWithoutDeadLetter { reason: String },
+    #[error("the dead-letter topic refused a record: {0}; the event is not acknowledged: fix the dead-letter topic or its settings (or [kafka.properties] message.max.bytes), then restart")]
     DeadLetterRefused(String),
     #[error(transparent)]
     Sink(#[from] SinkError),
@@ -56,7 +58,7 @@ pub enum RelayError {
     Silent { secs: u64 },
     #[error("the outbox watch's connection to PostgreSQL did not answer for {secs} s (network cut or blackholed?); nothing past its last check is acknowledged meanwhile")]
     WatchSilent { secs: u64 },
-    #[error("no delivery confirmed for {secs} s with {in_flight} events in flight: releasing the replication connection so PostgreSQL is not held (its shutdown waits for acknowledgements); the events are sent again after reconnecting")]
+    #[error("the oldest undelivered event has waited {secs} s for Kafka's confirmation ({in_flight} events in flight; a broker or one partition is stuck): releasing the replication connection so PostgreSQL is not held (its shutdown waits for acknowledgements); the events are sent again after reconnecting")]
     SinkStalled { secs: u64, in_flight: u64 },
     #[error("{change}: outbox rows committed after {since} may not have been streamed, so the relay stops without acknowledging anything past {since}. Repair: {repair}; then re-send the rows written to the outbox since {since} (they stay in the table unless deleted) and restart the relay")]
     OutboxUnpublished {
@@ -112,7 +114,11 @@ impl RelayError {
             | RelayError::Silent { .. }
             | RelayError::WatchSilent { .. }
             | RelayError::SinkStalled { .. } => true,
-            RelayError::Sink(SinkError::KafkaFatal(_) | SinkError::TopicUnavailable { .. }) => true,
+            RelayError::Sink(
+                SinkError::KafkaFatal(_)
+                | SinkError::KafkaRetry(_)
+                | SinkError::TopicUnavailable { .. },
+            ) => true,
             _ => false,
         }
     }

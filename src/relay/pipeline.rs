@@ -3,13 +3,18 @@
 //!
 //! One `biased` select, priorities in order:
 //! 1. shutdown: stop reading, drain in-flight deliveries (bounded), final status update;
-//! 2. sink notices: they free in-flight room and move the flush LSN;
+//! 2. sink notices: they free in-flight room, move the flush LSN, and say when a new
+//!    topic is ready;
 //! 3. the status timer: keeps the walsender alive even while reading is paused, and a
 //!    deferred update when the acknowledged position moved within the last
 //!    [`PROMPT_ACK_GAP`](crate::relay::feedback::PROMPT_ACK_GAP);
 //! 4. new input from PostgreSQL, only while fewer than `max_in_flight` events are
-//!    undelivered and nothing waits for producer queue room (backpressure by not
-//!    reading).
+//!    undelivered and no record waits (for its topic, or for producer queue room):
+//!    backpressure by not reading.
+//!
+//! Nothing in the loop waits for Kafka: a new topic is created by a task
+//! ([`KafkaSink::topic_status`]) whose outcome arrives as a notice; the events behind it
+//! wait, in order, in `waiting`, while status updates go on.
 //!
 //! Every state transition lives in the pure parts (`txn`, `router`, `ack`,
 //! `deadletter`); this loop only moves values between them. Retryable failures end the
@@ -35,9 +40,9 @@ use crate::relay::router::OutboxEvent;
 use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
 use crate::relay::watch::{OutboxWatch, WatchReport};
 use crate::relay::RelayError;
-use crate::sink::kafka::KafkaSink;
+use crate::sink::kafka::{KafkaSink, TopicStatus};
 use crate::sink::stdout::StdoutSink;
-use crate::sink::{SendError, Sink, SinkError, SinkNotice, TxnSeq};
+use crate::sink::{RecordTag, SendError, Sink, SinkError, SinkNotice, TxnSeq};
 
 /// Status updates never less often than this fraction of `wal_sender_timeout`.
 const STATUS_FRACTION_OF_TIMEOUT: u32 = 3;
@@ -83,8 +88,8 @@ pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
     }
 }
 
-/// The sinks this build knows. An enum rather than a trait object because creating a
-/// topic is async and only Kafka has topics.
+/// The sinks this build knows. An enum rather than a trait object because only Kafka
+/// has topics to prepare.
 pub(super) enum AnySink {
     Stdout(StdoutSink<std::io::Stdout>),
     Kafka(Box<KafkaSink>),
@@ -98,10 +103,25 @@ impl AnySink {
         }
     }
 
+    /// Make sure `topic` exists before streaming (the dead-letter topic).
     pub(super) async fn ensure_topic(&mut self, topic: &str) -> Result<(), SinkError> {
         match self {
             AnySink::Stdout(_) => Ok(()),
             AnySink::Kafka(sink) => sink.ensure_topic(topic).await,
+        }
+    }
+
+    /// Where `topic` stands; starts preparing it (off the loop) when first seen.
+    fn topic_status(&mut self, topic: &str) -> TopicStatus {
+        match self {
+            AnySink::Stdout(_) => TopicStatus::Ready,
+            AnySink::Kafka(sink) => sink.topic_status(topic),
+        }
+    }
+
+    fn topic_prepared(&mut self, topic: &str, outcome: &Result<(), SinkError>) {
+        if let AnySink::Kafka(sink) = self {
+            sink.topic_prepared(topic, outcome);
         }
     }
 }
@@ -113,6 +133,20 @@ pub(super) struct Progress {
     pub(super) dead_lettered: u64,
     pub(super) transactions: u64,
     pub(super) flush_lsn: Lsn,
+}
+
+/// A record counted in the ack tracker and not yet handed to the sink.
+pub(super) struct Waiting {
+    event: OutboxEvent,
+    tag: RecordTag,
+}
+
+/// Where a new record joins the waiting queue: at the back (in order), or at the front
+/// when it replaces the record being handed over (its dead-letter record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Front,
+    Back,
 }
 
 pub(super) struct Pipeline {
@@ -128,14 +162,13 @@ pub(super) struct Pipeline {
     /// The publication streamed from, to recognise notices about it (and for the
     /// repair advice when the watch sees a change).
     pub(super) publication: String,
-    /// Events the producer queue had no room for, in order; input pauses meanwhile.
-    pub(super) stalled: VecDeque<(OutboxEvent, TxnSeq)>,
+    /// Records not yet handed to the sink, in order: waiting for their topic to be
+    /// created (off the loop) or for producer queue room. Input pauses meanwhile.
+    pub(super) waiting: VecDeque<Waiting>,
     pub(super) progress: Progress,
     pub(super) logged: Progress,
     /// When the last message arrived from PostgreSQL (while reading).
     pub(super) last_received: Instant,
-    /// When a delivery was last confirmed, or nothing was in flight.
-    pub(super) last_progress: Instant,
     pub(super) receive_timeout: Duration,
     pub(super) stall_release: Duration,
     pub(super) metrics: Arc<Metrics>,
@@ -161,7 +194,7 @@ impl Pipeline {
         let mut timer = tokio::time::interval(interval);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let reading = self.stalled.is_empty() && self.tracker.in_flight() < self.max_in_flight;
+            let reading = self.waiting.is_empty() && self.tracker.in_flight() < self.max_in_flight;
             tokio::select! {
                 biased;
                 () = stopped(stop) => {
@@ -169,13 +202,8 @@ impl Pipeline {
                     return Ok(());
                 }
                 Some(notice) = self.notices.recv() => {
-                    // Only an outcome for an event is progress; client errors (a broker
-                    // refusing connections) are not.
-                    if matches!(notice, SinkNotice::Delivered { .. } | SinkNotice::Failed { .. }) {
-                        self.last_progress = Instant::now();
-                    }
                     self.on_notice(notice)?;
-                    self.retry_stalled()?;
+                    self.pump()?;
                     self.report_progress_promptly().await?;
                 }
                 Some(report) = self.watch.next_report() => {
@@ -196,7 +224,7 @@ impl Pipeline {
                         self.watch.record(self.last_reported);
                         self.last_recorded = self.last_reported;
                     }
-                    self.retry_stalled()?;
+                    self.pump()?;
                     let probe = self.check_liveness(reading, interval)?;
                     self.send_status(probe).await?;
                     self.log_progress();
@@ -207,7 +235,7 @@ impl Pipeline {
                         CopyEvent::Frame(ReplicationFrame::XLogData(xlog)) => {
                             let message = pgoutput::decode(&xlog.data, StreamState::Outside)?;
                             let step = self.assembler.apply(message, xlog.wal_start)?;
-                            self.on_step(step).await?;
+                            self.on_step(step)?;
                         }
                         CopyEvent::Frame(ReplicationFrame::Keepalive(keepalive)) => {
                             self.tracker.keepalive(keepalive.wal_end);
@@ -268,8 +296,9 @@ impl Pipeline {
     }
 
     /// Called on every status tick. Fails when PostgreSQL went silent although asked to
-    /// reply, or when the sink has made no progress for `stall_release`; returns
-    /// whether this status update should ask PostgreSQL for a reply.
+    /// reply, or when the oldest undelivered event has waited longer than
+    /// `stall_release` (a dead broker, or one stuck partition while others deliver);
+    /// returns whether this status update should ask PostgreSQL for a reply.
     fn check_liveness(&mut self, reading: bool, interval: Duration) -> Result<bool, RelayError> {
         let now = Instant::now();
         if !reading {
@@ -288,15 +317,12 @@ impl Pipeline {
                 secs: watch_waiting.as_secs(),
             });
         }
-        let in_flight = self.tracker.in_flight();
-        if in_flight == 0 {
-            self.last_progress = now;
-        }
-        let stalled = now.duration_since(self.last_progress);
-        if stalled > self.stall_release {
+        let oldest = self.tracker.oldest_undelivered_age(now).unwrap_or_default();
+        Metrics::set(&self.metrics.oldest_undelivered_seconds, oldest.as_secs());
+        if oldest > self.stall_release {
             return Err(RelayError::SinkStalled {
-                secs: stalled.as_secs(),
-                in_flight,
+                secs: oldest.as_secs(),
+                in_flight: self.tracker.in_flight(),
             });
         }
         Ok(reading && silent >= interval)
@@ -313,15 +339,15 @@ impl Pipeline {
         Ok(())
     }
 
-    async fn on_step(&mut self, step: Step) -> Result<(), RelayError> {
+    fn on_step(&mut self, step: Step) -> Result<(), RelayError> {
         match step {
             Step::Begin { seq } => self.tracker.begin(seq)?,
             Step::Event { seq, event } => {
                 match event {
-                    Ok(event) => self.dispatch(event, seq).await?,
+                    Ok(event) => self.dispatch(event, seq)?,
                     Err(row_error) => self.dead_letter_row(row_error, seq)?,
                 }
-                if self.tracker.in_flight() >= self.max_in_flight {
+                if self.tracker.in_flight() >= self.max_in_flight || !self.waiting.is_empty() {
                     // About to stop reading: make sure what is buffered can be delivered.
                     self.sink.sink().flush()?;
                 }
@@ -337,90 +363,121 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Route one event to its topic, creating the topic first when needed.
-    async fn dispatch(&mut self, event: OutboxEvent, seq: TxnSeq) -> Result<(), RelayError> {
-        match self.sink.ensure_topic(&event.topic).await {
-            Ok(()) => {}
-            Err(SinkError::Topic { topic, reason }) => {
-                let reason = format!("topic {topic:?}: {reason}");
-                let letter = DeadLetter::from_event(&event, reason.clone(), &self.source_table());
-                return self.dead_letter_or(seq, letter, || RelayError::Undeliverable {
-                    topic: event.topic.clone(),
-                    lsn: event.lsn,
-                    reason,
-                });
-            }
-            Err(other) => return Err(other.into()),
-        }
-        self.tracker.event_sent(seq)?;
+    /// Count one routed event and queue it for its topic. An event routed to the
+    /// dead-letter topic's own name is refused here: sent there as it is, it would be
+    /// taken for a dead letter (and a dead letter's failures are handled differently).
+    fn dispatch(&mut self, event: OutboxEvent, seq: TxnSeq) -> Result<(), RelayError> {
+        let ticket = self.tracker.event_sent(seq, Instant::now())?;
+        let tag = RecordTag {
+            ticket,
+            dead_letter: false,
+        };
         self.progress.events += 1;
         Metrics::add(&self.metrics.events, 1);
-        self.submit(event, seq)
-    }
-
-    /// Hand a counted event to the sink; no room → it waits in `stalled`.
-    fn submit(&mut self, event: OutboxEvent, seq: TxnSeq) -> Result<(), RelayError> {
-        if let Some(waiting) = self.try_send(event, seq)? {
-            self.stalled.push_back(waiting);
+        if self.dead_letter_topic.as_deref() == Some(event.topic.as_str()) {
+            let reason = format!(
+                "routed to the dead-letter topic's own name {:?}; change the route-by value or [outbox] topic, or choose another [dead_letter] topic",
+                event.topic
+            );
+            self.dead_letter_event(tag, &event, reason, Place::Back)?;
+        } else {
+            self.waiting.push_back(Waiting { event, tag });
         }
-        Ok(())
+        self.pump()
     }
 
-    /// Returns the event back when the producer queue is full.
-    fn try_send(
-        &mut self,
-        event: OutboxEvent,
-        seq: TxnSeq,
-    ) -> Result<Option<(OutboxEvent, TxnSeq)>, RelayError> {
-        match self.sink.sink().send(event, seq) {
-            Ok(()) => Ok(None),
-            Err(SendError::QueueFull(event)) => Ok(Some((*event, seq))),
-            Err(SendError::Refused { reason, event }) => {
-                self.refused(seq, *event, reason)?;
-                Ok(None)
-            }
-            Err(SendError::Sink(error)) => Err(error.into()),
-        }
-    }
-
-    /// Retry events that found the producer queue full, in order.
-    fn retry_stalled(&mut self) -> Result<(), RelayError> {
-        while let Some((event, seq)) = self.stalled.pop_front() {
-            if let Some(waiting) = self.try_send(event, seq)? {
-                self.stalled.push_front(waiting);
+    /// Hand waiting records to the sink, in order, while their topics are ready and the
+    /// producer has room. A record whose topic is still being prepared holds back every
+    /// record after it: order is kept, and reading stays paused until it moves.
+    fn pump(&mut self) -> Result<(), RelayError> {
+        while let Some(front) = self.waiting.front() {
+            let status = self.sink.topic_status(&front.event.topic);
+            if status == TopicStatus::Waiting {
                 break;
             }
+            let Some(Waiting { event, tag }) = self.waiting.pop_front() else {
+                break;
+            };
+            if let TopicStatus::Refused(reason) = status {
+                let reason = format!("topic {:?}: {reason}", event.topic);
+                self.refused(tag, Some(event), reason, false, Place::Front)?;
+                continue;
+            }
+            match self.sink.sink().send(event, tag) {
+                Ok(()) => {}
+                Err(SendError::QueueFull(event)) => {
+                    self.waiting.push_front(Waiting { event: *event, tag });
+                    break;
+                }
+                Err(SendError::Refused {
+                    reason,
+                    too_large,
+                    event,
+                }) => self.refused(tag, Some(*event), reason, too_large, Place::Front)?,
+                Err(SendError::Sink(error)) => return Err(error.into()),
+            }
         }
         Ok(())
     }
 
-    /// A counted event was refused for good: settle it through the dead-letter topic,
-    /// or stop without acknowledging it.
+    fn push(&mut self, waiting: Waiting, place: Place) {
+        match place {
+            Place::Front => self.waiting.push_front(waiting),
+            Place::Back => self.waiting.push_back(waiting),
+        }
+    }
+
+    /// A record was refused for a reason of its own (too large, malformed, a topic
+    /// Kafka refuses). An event is settled through the dead-letter topic, or the relay
+    /// stops without acknowledging it. A dead-letter record refused for its size goes
+    /// again without its value, saying so in a header; refused otherwise, the relay
+    /// stops.
     fn refused(
         &mut self,
-        seq: TxnSeq,
-        event: OutboxEvent,
+        tag: RecordTag,
+        event: Option<OutboxEvent>,
         reason: String,
+        too_large: bool,
+        place: Place,
     ) -> Result<(), RelayError> {
-        if self.dead_letter_topic.as_deref() == Some(event.topic.as_str()) {
-            if event.payload.is_some() {
-                // The dead-letter record itself is too large or malformed: keep the
-                // headers (reason, source position, id) and drop the value.
-                tracing::warn!(reason = %reason, "dead-letter record refused; sending it without its value");
-                let mut bare = event;
-                bare.payload = None;
-                return self.submit(bare, seq);
-            }
-            return Err(RelayError::DeadLetterRefused(reason));
+        if tag.dead_letter {
+            let bare = match &event {
+                Some(record) if too_large => DeadLetter::without_value(record, &reason),
+                _ => None,
+            };
+            let Some(bare) = bare else {
+                return Err(RelayError::DeadLetterRefused(reason));
+            };
+            tracing::warn!(reason = %reason, "dead-letter record too large; sending it without its value (header value.dropped says why)");
+            // Same ticket: the record is still the one that settles its event.
+            self.push(Waiting { event: bare, tag }, place);
+            return Ok(());
         }
-        let letter = DeadLetter::from_event(&event, reason.clone(), &self.source_table());
-        self.dead_letter_or(seq, letter, || RelayError::Undeliverable {
-            topic: event.topic.clone(),
-            lsn: event.lsn,
-            reason,
+        match event {
+            Some(event) => self.dead_letter_event(tag, &event, reason, place),
+            None => Err(RelayError::RefusedWithoutDeadLetter { reason }),
+        }
+    }
+
+    /// Settle the counted event of `tag` through a dead-letter record carrying
+    /// `reason`, or stop when no dead-letter topic is configured.
+    fn dead_letter_event(
+        &mut self,
+        tag: RecordTag,
+        event: &OutboxEvent,
+        reason: String,
+        place: Place,
+    ) -> Result<(), RelayError> {
+        let letter = DeadLetter::from_event(event, reason.clone(), &self.source_table);
+        self.dead_letter_or(tag.ticket.seq(), letter, place, || {
+            RelayError::Undeliverable {
+                topic: event.topic.clone(),
+                lsn: event.lsn,
+                reason,
+            }
         })?;
         // The original event is settled by its dead-letter record.
-        self.tracker.delivered(seq)?;
+        self.tracker.delivered(tag.ticket)?;
         Ok(())
     }
 
@@ -439,15 +496,17 @@ impl Pipeline {
             value: Some(row_error.row_json.clone()),
             timestamp_ms: 0,
         };
-        self.dead_letter_or(seq, letter, || RelayError::Route(row_error))
+        self.dead_letter_or(seq, letter, Place::Back, || RelayError::Route(row_error))?;
+        self.pump()
     }
 
-    /// Send `letter` to the dead-letter topic as an event of `seq`, or fail with
+    /// Queue `letter` for the dead-letter topic as an event of `seq`, or fail with
     /// `otherwise()` when none is configured.
     fn dead_letter_or(
         &mut self,
         seq: TxnSeq,
         letter: DeadLetter,
+        place: Place,
         otherwise: impl FnOnce() -> RelayError,
     ) -> Result<(), RelayError> {
         let Some(topic) = self.dead_letter_topic.clone() else {
@@ -459,31 +518,44 @@ impl Pipeline {
             dead_letter_topic = %topic,
             "event sent to the dead-letter topic"
         );
-        self.tracker.event_sent(seq)?;
+        let ticket = self.tracker.event_sent(seq, Instant::now())?;
         self.progress.dead_lettered += 1;
         Metrics::add(&self.metrics.dead_lettered, 1);
-        self.submit(letter.into_event(&topic), seq)
-    }
-
-    fn source_table(&self) -> String {
-        self.source_table.clone()
+        let tag = RecordTag {
+            ticket,
+            dead_letter: true,
+        };
+        self.push(
+            Waiting {
+                event: letter.into_event(&topic),
+                tag,
+            },
+            place,
+        );
+        Ok(())
     }
 
     fn on_notice(&mut self, notice: SinkNotice) -> Result<(), RelayError> {
         match notice {
-            SinkNotice::Delivered { txn } => self.tracker.delivered(txn)?,
-            SinkNotice::Failed { txn, failure } => match failure.event {
-                Some(event) => self.refused(txn, *event, failure.reason)?,
-                None => {
-                    return Err(RelayError::Undeliverable {
-                        topic: String::new(),
-                        lsn: Lsn::ZERO,
-                        reason: failure.reason,
-                    })
-                }
-            },
-            SinkNotice::Fatal { reason } => {
-                return Err(RelayError::Sink(SinkError::KafkaFatal(reason)))
+            SinkNotice::Delivered { tag } => self.tracker.delivered(tag.ticket)?,
+            SinkNotice::Failed { tag, failure } => self.refused(
+                tag,
+                failure.event.map(|event| *event),
+                failure.reason,
+                failure.too_large,
+                Place::Back,
+            )?,
+            SinkNotice::Retry { reason } => {
+                let reason = match &self.sink {
+                    AnySink::Kafka(kafka) => kafka.fatal_error().map_or(reason, |fatal| {
+                        format!("the producer failed for good: {fatal}")
+                    }),
+                    AnySink::Stdout(_) => reason,
+                };
+                return Err(RelayError::Sink(SinkError::KafkaRetry(reason)));
+            }
+            SinkNotice::Stop { reason } => {
+                return Err(RelayError::Sink(SinkError::KafkaStop(reason)))
             }
             SinkNotice::ClientError => {
                 if let AnySink::Kafka(kafka) = &self.sink {
@@ -491,6 +563,14 @@ impl Pipeline {
                         tracing::error!(reason = %reason, "fatal Kafka producer error: rebuilding the producer");
                         return Err(RelayError::Sink(SinkError::KafkaFatal(reason)));
                     }
+                }
+            }
+            SinkNotice::Topic { topic, outcome } => {
+                self.sink.topic_prepared(&topic, &outcome);
+                match outcome {
+                    // Events waiting for a refused topic become dead letters in pump.
+                    Ok(()) | Err(SinkError::Topic { .. }) => {}
+                    Err(other) => return Err(other.into()),
                 }
             }
         }
@@ -553,7 +633,7 @@ impl Pipeline {
         self.sink.sink().flush()?;
         let deadline = tokio::time::Instant::now() + timeout;
         while self.tracker.in_flight() > 0 {
-            self.retry_stalled()?;
+            self.pump()?;
             match tokio::time::timeout_at(deadline, self.notices.recv()).await {
                 Ok(Some(notice)) => self.on_notice(notice)?,
                 Ok(None) => break,

@@ -17,12 +17,13 @@ use crate::pg::pgoutput::{ColumnValue, RelationBody, RelationColumn, TupleData};
 use crate::pg::slot::{self, SetupError, SourceSpec};
 use crate::pg::sql::{quote_ident, quote_literal};
 use crate::pg::{state, Lsn};
+use crate::relay::ack::AckTracker;
 use crate::relay::pipeline::AnySink;
 use crate::relay::router::{EventContext, Router};
 use crate::relay::RelayError;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::stdout::StdoutSink;
-use crate::sink::{SendError, SinkError, SinkNotice};
+use crate::sink::{RecordTag, SendError, SinkError, SinkNotice};
 
 /// Rows fetched per cursor round trip.
 const BACKFILL_BATCH: usize = 1_000;
@@ -185,7 +186,10 @@ pub async fn backfill(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     let mut report = BackfillReport::default();
-    let mut in_flight: u64 = 0;
+    // One open "transaction" holding every backfilled record: the tracker hands out the
+    // tickets that deliveries settle, and counts what is in flight.
+    let mut tracker = AckTracker::new(Lsn::ZERO, 0);
+    tracker.begin(0)?;
     let mut ready_topics: HashSet<String> = HashSet::new();
     let max_in_flight = u64::try_from(config.relay.max_in_flight).unwrap_or(u64::MAX);
     loop {
@@ -240,15 +244,20 @@ pub async fn backfill(
             if ready_topics.insert(event.topic.clone()) {
                 sink.ensure_topic(&event.topic).await?;
             }
+            let ticket = tracker.event_sent(0, std::time::Instant::now())?;
+            let tag = RecordTag {
+                ticket,
+                dead_letter: false,
+            };
             let mut pending = Some(event);
             while let Some(event) = pending.take() {
-                match sink.sink().send(event, 0) {
-                    Ok(()) => in_flight += 1,
+                match sink.sink().send(event, tag) {
+                    Ok(()) => {}
                     Err(SendError::QueueFull(event)) => {
                         pending = Some(*event);
-                        settle(&mut notices, &mut in_flight, &mut report, 1).await?;
+                        settle(&mut notices, &mut tracker, &mut report, 1).await?;
                     }
-                    Err(SendError::Refused { reason, event }) => {
+                    Err(SendError::Refused { reason, event, .. }) => {
                         return Err(RelayError::Undeliverable {
                             topic: event.topic,
                             lsn: Lsn::ZERO,
@@ -258,23 +267,25 @@ pub async fn backfill(
                     Err(SendError::Sink(error)) => return Err(error.into()),
                 }
             }
-            if in_flight >= max_in_flight {
+            if tracker.in_flight() >= max_in_flight {
                 sink.sink().flush()?;
-                settle(&mut notices, &mut in_flight, &mut report, 1).await?;
+                settle(&mut notices, &mut tracker, &mut report, 1).await?;
             }
         }
     }
     conn.simple_query("COMMIT").await?;
     sink.sink().flush()?;
-    let all = in_flight;
-    settle(&mut notices, &mut in_flight, &mut report, all).await?;
+    let all = tracker.in_flight();
+    settle(&mut notices, &mut tracker, &mut report, all).await?;
     Ok(report)
 }
 
-/// Waits for `at_least` delivery notices (and takes any others already there).
+/// Waits for `at_least` delivery notices (and takes any others already there). A
+/// backfill is one pass: any failure stops it with its reason (run it again; what was
+/// delivered comes again, which consumers deduplicate).
 async fn settle(
     notices: &mut mpsc::UnboundedReceiver<SinkNotice>,
-    in_flight: &mut u64,
+    tracker: &mut AckTracker,
     report: &mut BackfillReport,
     at_least: u64,
 ) -> Result<(), RelayError> {
@@ -284,9 +295,9 @@ async fn settle(
             break;
         };
         match notice {
-            SinkNotice::Delivered { .. } => {
+            SinkNotice::Delivered { tag } => {
                 settled += 1;
-                *in_flight = in_flight.saturating_sub(1);
+                tracker.delivered(tag.ticket)?;
                 report.delivered += 1;
             }
             SinkNotice::Failed { failure, .. } => {
@@ -296,10 +307,13 @@ async fn settle(
                     reason: failure.reason,
                 })
             }
-            SinkNotice::Fatal { reason } => {
-                return Err(RelayError::Sink(SinkError::KafkaFatal(reason)))
+            SinkNotice::Retry { reason } => {
+                return Err(RelayError::Sink(SinkError::KafkaRetry(reason)))
             }
-            SinkNotice::ClientError => {}
+            SinkNotice::Stop { reason } => {
+                return Err(RelayError::Sink(SinkError::KafkaStop(reason)))
+            }
+            SinkNotice::ClientError | SinkNotice::Topic { .. } => {}
         }
     }
     Ok(())

@@ -264,6 +264,12 @@ impl Router {
         }
     }
 
+    /// The topic of every route-by value the regex matches, when the template uses
+    /// none of its groups (a constant such as `"events"`).
+    pub fn constant_topic(&self) -> Option<String> {
+        self.topic.constant()
+    }
+
     /// The parsed `outbox.additional` entries.
     pub fn additional(&self) -> &[AdditionalField] {
         &self.additional

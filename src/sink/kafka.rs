@@ -1,58 +1,47 @@
 //! The Kafka sink: librdkafka's idempotent producer (`enable.idempotence=true`,
-//! `acks=all`), one delivery callback per event feeding the ack tracker.
+//! `acks=all`), one delivery callback per record feeding the ack tracker, and topic
+//! preparation (create, or check) off the pipeline's loop.
 //!
 //! ```text
-//! pipeline ──send(event, txn)──▶ ThreadedProducer ──▶ brokers
+//! pipeline ──send(event, tag)──▶ ThreadedProducer ──▶ brokers
 //!     ▲                               │ delivery callback (librdkafka thread)
-//!     └──── SinkNotice::Delivered{txn} / Failed{txn, reason, event} / Fatal
+//!     │                               ▼ kafka_errors::action(code)
+//!     └──── SinkNotice::Delivered{tag} / Failed{tag, ...} (dead letter) / Retry / Stop
+//!     └──── SinkNotice::Topic{topic, outcome} ◀── admin task (tokio), one per new topic
 //! ```
 //!
 //! Only a successful delivery report counts. `message.timeout.ms=0` makes librdkafka
-//! retry transient errors forever (the relay applies backpressure itself), so a failed
-//! report is either definite for that event (too large, illegal topic, not authorized)
-//! or the producer is gone for good (fatal idempotence error): then the pipeline builds
-//! a new producer and restarts from the slot's acknowledged position.
+//! retry transient errors forever (the relay applies backpressure itself); a failed
+//! report is classified once by [`kafka_errors::action`]: a failure of the record
+//! itself (too large, malformed, illegal topic) is a dead letter, authorization and
+//! configuration stop the relay, and everything else rebuilds the producer and resends
+//! from the slot's acknowledged position.
 
-use std::collections::{BTreeMap, HashSet};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
+use rdkafka::message::{Header as KafkaHeader, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
+use tokio::task::JoinSet;
 
 use crate::config::KafkaConfig;
 use crate::relay::router::OutboxEvent;
-use crate::sink::{DeliveryFailure, NoticeSender, SendError, Sink, SinkError, SinkNotice, TxnSeq};
-
-/// Producer settings that keep order and lose nothing; user properties go on top (the
-/// config refuses to weaken idempotence or acks).
-const PRODUCER_DEFAULTS: &[(&str, &str)] = &[
-    ("enable.idempotence", "true"),
-    ("acks", "all"),
-    ("max.in.flight.requests.per.connection", "5"),
-    // Infinite: librdkafka retries transient errors forever; the relay's in-flight
-    // bound is the backpressure, and nothing times out into a lost event.
-    ("message.timeout.ms", "0"),
-    ("linger.ms", "10"),
-    ("compression.type", "lz4"),
-    ("client.id", "outbox-relay"),
-];
+use crate::sink::kafka_config::{admin_config, producer_config};
+use crate::sink::kafka_errors::{action, is_size_error, stop_hint, ErrorAction};
+use crate::sink::kafka_topics::illegal_topic_name;
+use crate::sink::kafka_topics::TopicPreparer;
+use crate::sink::{
+    DeliveryFailure, NoticeSender, RecordTag, SendError, Sink, SinkError, SinkNotice,
+};
 
 /// librdkafka's default `message.max.bytes`.
 const LIBRDKAFKA_MESSAGE_MAX_BYTES: u32 = 1_000_000;
 
-/// How long an admin request (create topic, metadata) may take. The pipeline waits for
-/// it without sending status updates, so it stays well under `wal_sender_timeout`
-/// (60 s by default); a timeout is retried with backoff.
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Per-message state carried through librdkafka to the delivery callback.
 struct InFlight {
-    txn: TxnSeq,
+    tag: RecordTag,
     /// Kept only when a dead-letter topic can take the event if it is refused.
     event: Option<Box<OutboxEvent>>,
 }
@@ -60,6 +49,8 @@ struct InFlight {
 /// Receives librdkafka's callbacks and turns them into [`SinkNotice`]s.
 struct RelayContext {
     notices: NoticeSender,
+    /// The producer's `message.max.bytes`, for error messages.
+    max_message_bytes: String,
 }
 
 impl ClientContext for RelayContext {
@@ -75,62 +66,89 @@ impl ProducerContext for RelayContext {
     type DeliveryOpaque = Box<InFlight>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
-        let InFlight { txn, event } = *in_flight;
+        let InFlight { tag, event } = *in_flight;
         let notice = match result {
-            Ok(_) => SinkNotice::Delivered { txn },
-            Err((error, _)) => match error.rdkafka_error_code() {
-                Some(RDKafkaErrorCode::Fatal)
-                | Some(RDKafkaErrorCode::PurgeQueue)
-                | Some(RDKafkaErrorCode::PurgeInflight) => SinkNotice::Fatal {
-                    reason: format!("delivery failed: {error}"),
-                },
-                _ => SinkNotice::Failed {
-                    txn,
-                    failure: DeliveryFailure {
-                        reason: format!("Kafka refused the record: {error}"),
-                        event,
+            Ok(_) => SinkNotice::Delivered { tag },
+            Err((error, message)) => {
+                let code = error
+                    .rdkafka_error_code()
+                    .unwrap_or(RDKafkaErrorCode::Unknown);
+                let place = format!("{}/{}", message.topic(), message.partition());
+                match action(code) {
+                    ErrorAction::Retry => SinkNotice::Retry {
+                        reason: format!("a record for {place} failed: {error}"),
                     },
-                },
-            },
+                    ErrorAction::Stop => SinkNotice::Stop {
+                        reason: format!(
+                            "Kafka refused a record for {place}: {error}; {}",
+                            stop_hint(code)
+                        ),
+                    },
+                    ErrorAction::DeadLetter => SinkNotice::Failed {
+                        tag,
+                        failure: DeliveryFailure {
+                            reason: refusal_reason(
+                                code,
+                                &error.to_string(),
+                                &place,
+                                &self.max_message_bytes,
+                            ),
+                            too_large: is_size_error(code),
+                            event,
+                        },
+                    },
+                }
+            }
         };
         let _ = self.notices.send(notice);
     }
 }
 
+/// The reason text of a record refused for good (a dead letter's `error` header).
+fn refusal_reason(
+    code: RDKafkaErrorCode,
+    error: &str,
+    place: &str,
+    max_message_bytes: &str,
+) -> String {
+    if is_size_error(code) {
+        format!(
+            "the record is too large for {place}: {error}; raise message.max.bytes in [kafka.properties] (now {max_message_bytes}) and the topic's max.message.bytes on the brokers"
+        )
+    } else {
+        format!("Kafka refused the record for {place}: {error}")
+    }
+}
+
+/// Where a topic stands for the sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopicStatus {
+    /// Records can be sent to it.
+    Ready,
+    /// Being created or checked; a [`SinkNotice::Topic`] follows.
+    Waiting,
+    /// Kafka refuses this topic for good (an illegal name): its events are dead letters.
+    Refused(String),
+}
+
+#[derive(Debug, Clone)]
+enum TopicState {
+    Ready,
+    Pending,
+    Refused(String),
+}
+
 /// The sink.
 pub struct KafkaSink {
     producer: ThreadedProducer<RelayContext>,
-    admin: AdminClient<DefaultClientContext>,
-    settings: KafkaConfig,
+    preparer: TopicPreparer,
+    notices: NoticeSender,
     keep_events: bool,
-    known_topics: HashSet<String>,
+    topics: HashMap<String, TopicState>,
+    /// Admin requests under way; aborted when the sink is dropped (a new attempt).
+    tasks: JoinSet<()>,
     /// The producer's `message.max.bytes`, for error messages.
     max_message_bytes: String,
-}
-
-/// The producer's client configuration: our defaults, then the user's properties.
-pub fn producer_config(settings: &KafkaConfig, queue_messages: usize) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", &settings.brokers);
-    for (key, value) in PRODUCER_DEFAULTS {
-        config.set(*key, *value);
-    }
-    // Room for every event the pipeline may have in flight, plus dead-letter records.
-    config.set(
-        "queue.buffering.max.messages",
-        queue_messages
-            .saturating_mul(2)
-            .clamp(1000, 10_000_000)
-            .to_string(),
-    );
-    apply_properties(&mut config, &settings.properties);
-    config
-}
-
-fn apply_properties(config: &mut ClientConfig, properties: &BTreeMap<String, String>) {
-    for (key, value) in properties {
-        config.set(key, value);
-    }
 }
 
 impl KafkaSink {
@@ -142,84 +160,97 @@ impl KafkaSink {
         max_in_flight: usize,
         keep_events: bool,
     ) -> Result<Self, SinkError> {
-        let producer: ThreadedProducer<RelayContext> = producer_config(settings, max_in_flight)
-            .create_with_context(RelayContext { notices })
-            .map_err(|e| SinkError::KafkaSetup(e.to_string()))?;
-        let mut admin_config = ClientConfig::new();
-        admin_config.set("bootstrap.servers", &settings.brokers);
-        apply_properties(&mut admin_config, &settings.properties);
-        let admin = admin_config
+        let max_message_bytes = settings
+            .properties
+            .get("message.max.bytes")
+            .cloned()
+            .unwrap_or_else(|| LIBRDKAFKA_MESSAGE_MAX_BYTES.to_string());
+        let producer: ThreadedProducer<RelayContext> =
+            producer_config(&settings.brokers, &settings.properties, max_in_flight)
+                .create_with_context(RelayContext {
+                    notices: notices.clone(),
+                    max_message_bytes: max_message_bytes.clone(),
+                })
+                .map_err(|e| SinkError::KafkaSetup(e.to_string()))?;
+        let admin = admin_config(&settings.brokers, &settings.properties)
             .create()
             .map_err(|e| SinkError::KafkaSetup(format!("admin client: {e}")))?;
         Ok(KafkaSink {
             producer,
-            admin,
-            settings: settings.clone(),
+            preparer: TopicPreparer {
+                admin: Arc::new(admin),
+                create_topics: settings.create_topics,
+                partitions: settings.topic_partitions,
+                replication_factor: settings.topic_replication_factor,
+            },
+            notices,
             keep_events,
-            known_topics: HashSet::new(),
-            max_message_bytes: settings
-                .properties
-                .get("message.max.bytes")
-                .cloned()
-                .unwrap_or_else(|| LIBRDKAFKA_MESSAGE_MAX_BYTES.to_string()),
+            topics: HashMap::new(),
+            tasks: JoinSet::new(),
+            max_message_bytes,
         })
     }
 
-    /// Make sure `topic` exists, creating it when allowed. Remembers topics it saw.
-    pub async fn ensure_topic(&mut self, topic: &str) -> Result<(), SinkError> {
-        if self.known_topics.contains(topic) {
-            return Ok(());
+    /// Where `topic` stands; a topic seen for the first time is created (or checked) by
+    /// a task whose outcome arrives as a [`SinkNotice::Topic`], to be handed to
+    /// [`KafkaSink::topic_prepared`].
+    pub fn topic_status(&mut self, topic: &str) -> TopicStatus {
+        match self.topics.get(topic) {
+            Some(TopicState::Ready) => return TopicStatus::Ready,
+            Some(TopicState::Pending) => return TopicStatus::Waiting,
+            Some(TopicState::Refused(reason)) => return TopicStatus::Refused(reason.clone()),
+            None => {}
         }
+        if let Some(reason) = illegal_topic_name(topic) {
+            self.topics
+                .insert(topic.to_owned(), TopicState::Refused(reason.clone()));
+            return TopicStatus::Refused(reason);
+        }
+        while self.tasks.try_join_next().is_some() {}
+        self.topics.insert(topic.to_owned(), TopicState::Pending);
+        if self.preparer.create_topics {
+            tracing::info!(%topic, "creating topic");
+        } else {
+            tracing::debug!(%topic, "checking that the topic exists");
+        }
+        let preparer = self.preparer.clone();
+        let notices = self.notices.clone();
+        let topic = topic.to_owned();
+        self.tasks.spawn(async move {
+            let outcome = preparer.prepare(&topic).await;
+            let _ = notices.send(SinkNotice::Topic { topic, outcome });
+        });
+        TopicStatus::Waiting
+    }
+
+    /// Record the outcome of a topic task.
+    pub fn topic_prepared(&mut self, topic: &str, outcome: &Result<(), SinkError>) {
+        match outcome {
+            Ok(()) => {
+                self.topics.insert(topic.to_owned(), TopicState::Ready);
+            }
+            Err(SinkError::Topic { reason, .. }) => {
+                self.topics
+                    .insert(topic.to_owned(), TopicState::Refused(reason.clone()));
+            }
+            Err(_) => {
+                // Asked again by the next attempt.
+                self.topics.remove(topic);
+            }
+        }
+    }
+
+    /// Make sure `topic` exists, creating it when allowed, waiting for the answer (for
+    /// the dead-letter topic, before streaming starts).
+    pub async fn ensure_topic(&mut self, topic: &str) -> Result<(), SinkError> {
         if let Some(reason) = illegal_topic_name(topic) {
             return Err(SinkError::Topic {
                 topic: topic.to_owned(),
                 reason,
             });
         }
-        if self.settings.create_topics {
-            let replication = TopicReplication::Fixed(self.settings.topic_replication_factor);
-            let new_topic = NewTopic::new(topic, self.settings.topic_partitions, replication);
-            let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
-            let results = tokio::time::timeout(
-                ADMIN_TIMEOUT,
-                self.admin.create_topics(&[new_topic], &options),
-            )
-            .await
-            .map_err(|_| SinkError::TopicUnavailable {
-                topic: topic.to_owned(),
-                reason: "creating it timed out; is the broker reachable?".into(),
-            })?
-            .map_err(|e| SinkError::TopicUnavailable {
-                topic: topic.to_owned(),
-                reason: format!("creating it failed: {e}"),
-            })?;
-            for result in results {
-                if creation_outcome(topic, result.map_err(|(_, code)| code))? {
-                    tracing::info!(%topic, "created topic");
-                }
-            }
-        } else {
-            let producer = self.producer.client();
-            let topic_owned = topic.to_owned();
-            let metadata = tokio::task::block_in_place(|| {
-                producer.fetch_metadata(Some(&topic_owned), ADMIN_TIMEOUT)
-            })
-            .map_err(|e| SinkError::TopicUnavailable {
-                topic: topic.to_owned(),
-                reason: format!("cannot read its metadata: {e}"),
-            })?;
-            let exists = metadata
-                .topics()
-                .iter()
-                .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
-            if !exists {
-                return Err(SinkError::Topic {
-                    topic: topic.to_owned(),
-                    reason: "it does not exist and [kafka] create_topics = false; create it or enable create_topics".into(),
-                });
-            }
-        }
-        self.known_topics.insert(topic.to_owned());
+        self.preparer.prepare(topic).await?;
+        self.topics.insert(topic.to_owned(), TopicState::Ready);
         Ok(())
     }
 
@@ -232,51 +263,8 @@ impl KafkaSink {
     }
 }
 
-/// What a CreateTopics answer means: `Ok(true)` created, `Ok(false)` already there, or
-/// the refusal, naming the topic and what to change.
-fn creation_outcome(
-    topic: &str,
-    result: Result<String, RDKafkaErrorCode>,
-) -> Result<bool, SinkError> {
-    match result {
-        Ok(_) => Ok(true),
-        Err(RDKafkaErrorCode::TopicAlreadyExists) => Ok(false),
-        Err(code) => Err(SinkError::Topic {
-            topic: topic.to_owned(),
-            reason: format!(
-                "the broker refused to create it: {code}; create it yourself or fix [kafka] topic_partitions / topic_replication_factor"
-            ),
-        }),
-    }
-}
-
-/// Why Kafka would refuse this topic name, checked before producing to it.
-pub fn illegal_topic_name(topic: &str) -> Option<String> {
-    if topic.is_empty() {
-        return Some("a topic name cannot be empty".into());
-    }
-    if topic == "." || topic == ".." {
-        return Some("a topic name cannot be \".\" or \"..\"".into());
-    }
-    if topic.len() > 249 {
-        return Some(format!(
-            "a topic name is at most 249 characters, this one has {}",
-            topic.len()
-        ));
-    }
-    if let Some(bad) = topic
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Some(format!(
-            "Kafka topic names may contain only ASCII letters, digits, '.', '_' and '-', not {bad:?}"
-        ));
-    }
-    None
-}
-
 impl Sink for KafkaSink {
-    fn send(&mut self, event: OutboxEvent, txn: TxnSeq) -> Result<(), SendError> {
+    fn send(&mut self, event: OutboxEvent, tag: RecordTag) -> Result<(), SendError> {
         let mut headers = OwnedHeaders::new_with_capacity(event.headers.len());
         for header in &event.headers {
             headers = headers.insert(KafkaHeader {
@@ -287,7 +275,7 @@ impl Sink for KafkaSink {
         // Borrowed when there is no envelope: librdkafka copies the bytes itself.
         let value = event.value();
         let in_flight = Box::new(InFlight {
-            txn,
+            tag,
             event: self.keep_events.then(|| Box::new(event.clone())),
         });
         let mut record = BaseRecord::with_opaque_to(&event.topic, in_flight)
@@ -305,32 +293,49 @@ impl Sink for KafkaSink {
         // Drop the record (and the value borrowed from `event`) before `event` moves.
         let outcome = self.producer.send(record).map_err(|(error, _)| error);
         drop(value);
-        match outcome {
-            Ok(()) => Ok(()),
-            Err(error) => {
-                let event = Box::new(event);
-                match error.rdkafka_error_code() {
-                    Some(RDKafkaErrorCode::QueueFull) => Err(SendError::QueueFull(event)),
-                    Some(RDKafkaErrorCode::Fatal) => Err(SendError::Sink(SinkError::KafkaFatal(
-                        self.fatal_error().unwrap_or_else(|| error.to_string()),
-                    ))),
-                    Some(RDKafkaErrorCode::MessageSizeTooLarge) => {
-                        let size = event.key.as_ref().map_or(0, String::len)
-                            + event.value().map_or(0, |v| v.len());
-                        Err(SendError::Refused {
-                            reason: format!(
-                                "the record ({size} bytes of key and value) is too large for message.max.bytes ({}): raise message.max.bytes in [kafka.properties] (and the topic's max.message.bytes on the brokers)",
-                                self.max_message_bytes
-                            ),
-                            event,
-                        })
-                    }
-                    _ => Err(SendError::Refused {
-                        reason: format!("Kafka refused the record: {error}"),
-                        event,
-                    }),
-                }
+        let Err(error) = outcome else {
+            return Ok(());
+        };
+        let event = Box::new(event);
+        let code = error
+            .rdkafka_error_code()
+            .unwrap_or(RDKafkaErrorCode::Unknown);
+        let place = match event.partition {
+            Some(partition) => format!("{}/{partition}", event.topic),
+            None => event.topic.clone(),
+        };
+        if code == RDKafkaErrorCode::QueueFull {
+            return Err(SendError::QueueFull(event));
+        }
+        match action(code) {
+            ErrorAction::Retry => {
+                let reason = match self.fatal_error() {
+                    Some(fatal) => format!("the producer failed for good: {fatal}"),
+                    None => format!("a record for {place} was not accepted: {error}"),
+                };
+                Err(SendError::Sink(SinkError::KafkaRetry(reason)))
             }
+            ErrorAction::Stop => Err(SendError::Sink(SinkError::KafkaStop(format!(
+                "Kafka refused a record for {place}: {error}; {}",
+                stop_hint(code)
+            )))),
+            ErrorAction::DeadLetter if is_size_error(code) => {
+                let size = event.key.as_ref().map_or(0, String::len)
+                    + event.value().map_or(0, |v| v.len());
+                Err(SendError::Refused {
+                    reason: format!(
+                        "the record ({size} bytes of key and value) is too large for message.max.bytes ({}): raise message.max.bytes in [kafka.properties] (and the topic's max.message.bytes on the brokers)",
+                        self.max_message_bytes
+                    ),
+                    too_large: true,
+                    event,
+                })
+            }
+            ErrorAction::DeadLetter => Err(SendError::Refused {
+                reason: refusal_reason(code, &error.to_string(), &place, &self.max_message_bytes),
+                too_large: false,
+                event,
+            }),
         }
     }
 
@@ -345,47 +350,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn topic_names_kafka_refuses_are_caught_before_sending() {
-        assert_eq!(illegal_topic_name("outbox.event.Order_1-x"), None);
-        for bad in ["", ".", "..", "outbox.event.注文", "a b", "a/b"] {
-            assert!(illegal_topic_name(bad).is_some(), "{bad:?}");
-        }
-        assert!(illegal_topic_name(&"x".repeat(250)).is_some());
-        assert!(illegal_topic_name(&"x".repeat(249)).is_none());
-    }
-
-    #[test]
-    fn a_refused_creation_names_the_topic_and_the_settings() {
-        assert!(creation_outcome("t", Ok("t".into())).unwrap());
-        assert!(!creation_outcome("t", Err(RDKafkaErrorCode::TopicAlreadyExists)).unwrap());
-        let err = creation_outcome(
-            "outbox.event.x",
-            Err(RDKafkaErrorCode::InvalidReplicationFactor),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("outbox.event.x"), "{err}");
-        assert!(err.contains("refused to create"), "{err}");
-        assert!(err.contains("topic_replication_factor"), "{err}");
-    }
-
-    #[test]
-    fn user_properties_override_defaults() {
-        let settings = KafkaConfig {
-            brokers: "b:1".into(),
-            create_topics: true,
-            topic_partitions: 1,
-            topic_replication_factor: 1,
-            properties: [("linger.ms".to_string(), "50".to_string())]
-                .into_iter()
-                .collect(),
-        };
-        let config = producer_config(&settings, 100);
-        assert_eq!(config.get("linger.ms"), Some("50"));
-        assert_eq!(config.get("enable.idempotence"), Some("true"));
-        assert_eq!(config.get("acks"), Some("all"));
-        assert_eq!(config.get("message.timeout.ms"), Some("0"));
-        assert_eq!(config.get("bootstrap.servers"), Some("b:1"));
-        assert_eq!(config.get("queue.buffering.max.messages"), Some("1000"));
+    fn refusal_reasons_say_what_to_raise_for_size() {
+        let size = refusal_reason(
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            "Broker: Message size too large",
+            "t/0",
+            "1000000",
+        );
+        assert!(
+            size.contains("too large") && size.contains("message.max.bytes"),
+            "{size}"
+        );
+        let other = refusal_reason(
+            RDKafkaErrorCode::InvalidRecord,
+            "Broker: invalid record",
+            "t/0",
+            "1",
+        );
+        assert!(
+            other.contains("t/0") && other.contains("invalid record"),
+            "{other}"
+        );
     }
 }

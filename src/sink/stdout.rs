@@ -14,14 +14,14 @@ use std::fmt::Write as _;
 use std::io::Write;
 
 use crate::relay::router::{OutboxEvent, PayloadFormat};
-use crate::sink::{NoticeSender, SendError, Sink, SinkError, SinkNotice, TxnSeq};
+use crate::sink::{NoticeSender, RecordTag, SendError, Sink, SinkError, SinkNotice};
 
 /// Writes JSON lines to any writer (stdout in production, a buffer in tests).
 pub struct StdoutSink<W: Write + Send> {
     out: std::io::BufWriter<W>,
     reports: NoticeSender,
-    /// Events written since the last flush, by transaction, in order.
-    unflushed: Vec<TxnSeq>,
+    /// Records written since the last flush, in order.
+    unflushed: Vec<RecordTag>,
     line: Vec<u8>,
 }
 
@@ -127,10 +127,10 @@ fn push_json_string(line: &mut Vec<u8>, text: &str) {
 }
 
 impl<W: Write + Send> Sink for StdoutSink<W> {
-    fn send(&mut self, event: OutboxEvent, txn: TxnSeq) -> Result<(), SendError> {
+    fn send(&mut self, event: OutboxEvent, tag: RecordTag) -> Result<(), SendError> {
         render_line(&event, &mut self.line);
         self.out.write_all(&self.line).map_err(SinkError::from)?;
-        self.unflushed.push(txn);
+        self.unflushed.push(tag);
         Ok(())
     }
 
@@ -139,9 +139,9 @@ impl<W: Write + Send> Sink for StdoutSink<W> {
             return Ok(());
         }
         self.out.flush()?;
-        for txn in self.unflushed.drain(..) {
+        for tag in self.unflushed.drain(..) {
             // A closed channel means the pipeline is gone; nothing is left to tell.
-            let _ = self.reports.send(SinkNotice::Delivered { txn });
+            let _ = self.reports.send(SinkNotice::Delivered { tag });
         }
         Ok(())
     }
@@ -294,9 +294,19 @@ mod tests {
     fn deliveries_are_reported_only_after_flush() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let mut sink = StdoutSink::new(Vec::new(), tx);
-        sink.send(event(Some("{}"), PayloadFormat::Json), 7)
+        let mut tracker = crate::relay::ack::AckTracker::new(crate::pg::Lsn(0), 7);
+        let now = std::time::Instant::now();
+        let mut tag = |seq| {
+            tracker.begin(seq).unwrap();
+            RecordTag {
+                ticket: tracker.event_sent(seq, now).unwrap(),
+                dead_letter: false,
+            }
+        };
+        let (first, second) = (tag(7), tag(8));
+        sink.send(event(Some("{}"), PayloadFormat::Json), first)
             .unwrap();
-        sink.send(event(Some("{}"), PayloadFormat::Json), 8)
+        sink.send(event(Some("{}"), PayloadFormat::Json), second)
             .unwrap();
         assert!(
             rx.try_recv().is_err(),
@@ -305,11 +315,11 @@ mod tests {
         sink.flush().unwrap();
         assert!(matches!(
             rx.try_recv(),
-            Ok(SinkNotice::Delivered { txn: 7 })
+            Ok(SinkNotice::Delivered { tag }) if tag == first
         ));
         assert!(matches!(
             rx.try_recv(),
-            Ok(SinkNotice::Delivered { txn: 8 })
+            Ok(SinkNotice::Delivered { tag }) if tag == second
         ));
         let written = sink.into_inner();
         assert_eq!(written.iter().filter(|b| **b == b'\n').count(), 2);

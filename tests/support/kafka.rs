@@ -45,8 +45,9 @@ mod client;
 
 use client::metadata_client;
 pub use client::{
-    consume, create_topic, delete_all_topics, list_topics, produce, produce_records, read_all,
-    try_produce_records, unique_group_id, Delivered, OutgoingRecord, Record, PRODUCE_TIMEOUT,
+    add_partitions, consume, create_topic, delete_all_topics, list_topics, produce,
+    produce_records, read_all, try_produce_records, unique_group_id, Delivered, OutgoingRecord,
+    Record, PRODUCE_TIMEOUT,
 };
 
 /// Env var naming the directory that holds the broker's jars.

@@ -112,3 +112,27 @@ pub fn report(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (for `[metrics] listen`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("binding 127.0.0.1:0")
+}
+
+/// One value of the relay's Prometheus metrics on `127.0.0.1:port`, `None` while the
+/// endpoint does not answer or lacks the metric.
+pub fn metric(port: u16, name: &str) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .and_then(|value| value.trim().parse().ok())
+}

@@ -158,6 +158,19 @@ impl TopicRule {
         }
     }
 
+    /// The template's text when it refers to no group: then every value the regex
+    /// matches goes to this one topic.
+    pub fn constant(&self) -> Option<String> {
+        let mut topic = String::new();
+        for part in &self.template {
+            match part {
+                TemplatePart::Literal(text) => topic.push_str(text),
+                TemplatePart::Group(_) => return None,
+            }
+        }
+        Some(topic)
+    }
+
     /// The topic for one route-by value.
     pub fn topic(&self, routed_by: &str) -> String {
         let Some(captures) = self.anchored.captures(routed_by) else {
@@ -408,5 +421,26 @@ mod tests {
                 problems[0]
             );
         }
+    }
+
+    #[test]
+    fn a_template_without_groups_is_a_constant_topic() {
+        assert_eq!(
+            compile("(?<routedByValue>.*)", "events")
+                .unwrap()
+                .constant(),
+            Some("events".into())
+        );
+        assert_eq!(
+            compile("(?<routedByValue>.*)", "a\\$b").unwrap().constant(),
+            Some("a$b".into())
+        );
+        assert_eq!(
+            compile("(?<routedByValue>.*)", "outbox.event.${routedByValue}")
+                .unwrap()
+                .constant(),
+            None
+        );
+        assert_eq!(compile("(.*)", "$1").unwrap().constant(), None);
     }
 }

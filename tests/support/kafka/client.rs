@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -113,6 +113,32 @@ pub fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
              show up in metadata within {CREATE_TOPIC_TIMEOUT:?}"
         );
     }
+}
+
+/// Grows `topic` to `total` partitions and waits until metadata shows them all with a
+/// leader. Panics on any error.
+pub fn add_partitions(bootstrap: &str, topic: &str, total: usize) {
+    let admin: AdminClient<DefaultClientContext> = base_config(bootstrap)
+        .create()
+        .unwrap_or_else(|err| panic!("creating a Kafka admin client for {bootstrap}: {err}"));
+    let options = AdminOptions::new()
+        .request_timeout(Some(CREATE_TOPIC_TIMEOUT))
+        .operation_timeout(Some(CREATE_TOPIC_TIMEOUT));
+    let results = block_on(admin.create_partitions([&NewPartitions::new(topic, total)], &options))
+        .unwrap_or_else(|err| panic!("adding partitions to {topic:?} on {bootstrap}: {err}"));
+    for result in results {
+        if let Err((topic, code)) = result {
+            panic!("adding partitions to {topic:?} on {bootstrap}: {code}");
+        }
+    }
+    let client = metadata_client(bootstrap);
+    let found = poll_until(CREATE_TOPIC_TIMEOUT, || {
+        (topic_partitions(&client, topic, METADATA_TIMEOUT).len() >= total).then_some(())
+    });
+    assert!(
+        found.is_some(),
+        "{topic:?} on {bootstrap} did not show {total} partitions within {CREATE_TOPIC_TIMEOUT:?}"
+    );
 }
 
 /// A record read back from Kafka.

@@ -1,0 +1,253 @@
+//! Topic preparation for the Kafka sink: create a topic through the admin API (or, with
+//! `create_topics = false`, check that it exists), and what each answer means. It runs
+//! as a task off the pipeline's loop (see `KafkaSink::topic_status`); the pure parts
+//! (the name check, the classification of answers) are unit-tested here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::RDKafkaErrorCode;
+
+use crate::sink::kafka_errors::{action, stop_hint, ErrorAction};
+use crate::sink::SinkError;
+
+/// How long an admin request (create topic, metadata) may take. It runs as a task off
+/// the pipeline's loop (status updates go on meanwhile); a timeout is retried with
+/// backoff.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a topic task needs: the admin client and the `[kafka]` topic settings.
+#[derive(Clone)]
+pub(super) struct TopicPreparer {
+    pub(super) admin: Arc<AdminClient<DefaultClientContext>>,
+    pub(super) create_topics: bool,
+    pub(super) partitions: i32,
+    pub(super) replication_factor: i32,
+}
+
+impl TopicPreparer {
+    /// Create `topic` (or, with `create_topics = false`, check that it exists).
+    pub(super) async fn prepare(&self, topic: &str) -> Result<(), SinkError> {
+        if self.create_topics {
+            let replication = TopicReplication::Fixed(self.replication_factor);
+            let new_topic = NewTopic::new(topic, self.partitions, replication);
+            let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
+            let results = tokio::time::timeout(
+                ADMIN_TIMEOUT,
+                self.admin.create_topics(&[new_topic], &options),
+            )
+            .await
+            .map_err(|_| SinkError::TopicUnavailable {
+                topic: topic.to_owned(),
+                reason: "creating it timed out; is the broker reachable?".into(),
+            })?
+            .map_err(|e| SinkError::TopicUnavailable {
+                topic: topic.to_owned(),
+                reason: format!("creating it failed: {e}"),
+            })?;
+            for result in results {
+                if creation_outcome(topic, result.map_err(|(_, code)| code))? {
+                    tracing::info!(%topic, "created topic");
+                }
+            }
+            Ok(())
+        } else {
+            let admin = Arc::clone(&self.admin);
+            let topic_owned = topic.to_owned();
+            let metadata = tokio::task::spawn_blocking(move || {
+                admin
+                    .inner()
+                    .fetch_metadata(Some(&topic_owned), ADMIN_TIMEOUT)
+            })
+            .await
+            .map_err(|e| SinkError::TopicUnavailable {
+                topic: topic.to_owned(),
+                reason: format!("the metadata request did not finish: {e}"),
+            })?
+            .map_err(|e| SinkError::TopicUnavailable {
+                topic: topic.to_owned(),
+                reason: format!("cannot read its metadata: {e}"),
+            })?;
+            let found = metadata.topics().iter().find(|t| t.name() == topic);
+            existence_outcome(
+                topic,
+                found.map(|t| (t.error().map(RDKafkaErrorCode::from), t.partitions().len())),
+            )
+        }
+    }
+}
+
+/// What a metadata answer about `topic` means when the relay may not create it:
+/// `found` is the topic's error and partition count, `None` when it is not listed.
+fn existence_outcome(
+    topic: &str,
+    found: Option<(Option<RDKafkaErrorCode>, usize)>,
+) -> Result<(), SinkError> {
+    let missing = || {
+        SinkError::KafkaStop(format!(
+            "topic {topic:?} does not exist and [kafka] create_topics = false; create it or enable create_topics"
+        ))
+    };
+    match found {
+        Some((None, partitions)) if partitions > 0 => Ok(()),
+        None | Some((None, _)) => Err(missing()),
+        Some((Some(RDKafkaErrorCode::UnknownTopicOrPartition), _)) => Err(missing()),
+        Some((Some(code), _)) => Err(match action(code) {
+            ErrorAction::DeadLetter => SinkError::Topic {
+                topic: topic.to_owned(),
+                reason: format!("Kafka refuses it: {code}"),
+            },
+            ErrorAction::Stop => SinkError::KafkaStop(format!(
+                "topic {topic:?}: the broker refused its metadata: {code}; {}",
+                stop_hint(code)
+            )),
+            ErrorAction::Retry => SinkError::TopicUnavailable {
+                topic: topic.to_owned(),
+                reason: format!("its metadata has an error: {code}"),
+            },
+        }),
+    }
+}
+
+/// What a CreateTopics answer means: `Ok(true)` created, `Ok(false)` already there, or
+/// the refusal classified by [`action`]: an illegal name (its events are dead letters),
+/// a setting or permission to fix (stop), or a transient failure (retry).
+fn creation_outcome(
+    topic: &str,
+    result: Result<String, RDKafkaErrorCode>,
+) -> Result<bool, SinkError> {
+    match result {
+        Ok(_) => Ok(true),
+        Err(RDKafkaErrorCode::TopicAlreadyExists) => Ok(false),
+        Err(code) => Err(match action(code) {
+            ErrorAction::DeadLetter => SinkError::Topic {
+                topic: topic.to_owned(),
+                reason: format!("the broker refused to create it: {code}"),
+            },
+            ErrorAction::Stop => SinkError::KafkaStop(format!(
+                "topic {topic:?}: the broker refused to create it: {code}; {}",
+                stop_hint(code)
+            )),
+            // NOT_CONTROLLER, REQUEST_TIMED_OUT, a topic being deleted, brokers still
+            // fenced after an outage...: ask again.
+            ErrorAction::Retry => SinkError::TopicUnavailable {
+                topic: topic.to_owned(),
+                reason: if code == RDKafkaErrorCode::InvalidReplicationFactor {
+                    format!(
+                        "creating it failed: {code}; retrying, as brokers still fenced after an outage give this too. If it persists, [kafka] topic_replication_factor asks for more replicas than the cluster has brokers: lower it (-1 takes the broker's default)"
+                    )
+                } else {
+                    format!("creating it failed for now: {code}")
+                },
+            },
+        }),
+    }
+}
+
+/// Why Kafka would refuse this topic name, checked before producing to it.
+pub fn illegal_topic_name(topic: &str) -> Option<String> {
+    if topic.is_empty() {
+        return Some("a topic name cannot be empty".into());
+    }
+    if topic == "." || topic == ".." {
+        return Some("a topic name cannot be \".\" or \"..\"".into());
+    }
+    if topic.len() > 249 {
+        return Some(format!(
+            "a topic name is at most 249 characters, this one has {}",
+            topic.len()
+        ));
+    }
+    if let Some(bad) = topic
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Some(format!(
+            "Kafka topic names may contain only ASCII letters, digits, '.', '_' and '-', not {bad:?}"
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_kafka_refuses_are_caught_before_sending() {
+        assert_eq!(illegal_topic_name("outbox.event.Order_1-x"), None);
+        for bad in ["", ".", "..", "outbox.event.注文", "a b", "a/b"] {
+            assert!(illegal_topic_name(bad).is_some(), "{bad:?}");
+        }
+        assert!(illegal_topic_name(&"x".repeat(250)).is_some());
+        assert!(illegal_topic_name(&"x".repeat(249)).is_none());
+    }
+
+    #[test]
+    fn a_refused_creation_is_classified_and_names_the_topic_and_the_fix() {
+        assert!(creation_outcome("t", Ok("t".into())).unwrap());
+        assert!(!creation_outcome("t", Err(RDKafkaErrorCode::TopicAlreadyExists)).unwrap());
+        let err = creation_outcome("outbox.event.x", Err(RDKafkaErrorCode::InvalidPartitions))
+            .unwrap_err();
+        assert!(matches!(err, SinkError::KafkaStop(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("outbox.event.x"), "{text}");
+        assert!(text.contains("refused to create"), "{text}");
+        assert!(text.contains("topic_partitions"), "{text}");
+        // Retried (fenced brokers give it too), naming the setting should it persist.
+        let err = creation_outcome(
+            "outbox.event.x",
+            Err(RDKafkaErrorCode::InvalidReplicationFactor),
+        )
+        .unwrap_err();
+        assert!(matches!(err, SinkError::TopicUnavailable { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("topic_replication_factor"),
+            "{err}"
+        );
+        let err =
+            creation_outcome("t", Err(RDKafkaErrorCode::TopicAuthorizationFailed)).unwrap_err();
+        assert!(matches!(err, SinkError::KafkaStop(_)), "{err:?}");
+        assert!(err.to_string().contains("CREATE"), "{err}");
+        for transient in [
+            RDKafkaErrorCode::NotController,
+            RDKafkaErrorCode::RequestTimedOut,
+        ] {
+            let err = creation_outcome("t", Err(transient)).unwrap_err();
+            assert!(
+                matches!(err, SinkError::TopicUnavailable { .. }),
+                "{transient:?}: {err:?}"
+            );
+        }
+        let err = creation_outcome("t", Err(RDKafkaErrorCode::InvalidTopic)).unwrap_err();
+        assert!(matches!(err, SinkError::Topic { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn a_missing_topic_without_create_topics_stops_naming_the_setting() {
+        assert!(existence_outcome("t", Some((None, 3))).is_ok());
+        for found in [
+            None,
+            Some((None, 0)),
+            Some((Some(RDKafkaErrorCode::UnknownTopicOrPartition), 0)),
+        ] {
+            let err = existence_outcome("outbox.event.t", found).unwrap_err();
+            assert!(matches!(err, SinkError::KafkaStop(_)), "{err:?}");
+            assert!(err.to_string().contains("create_topics"), "{err}");
+            assert!(err.to_string().contains("outbox.event.t"), "{err}");
+        }
+        assert!(matches!(
+            existence_outcome("t", Some((Some(RDKafkaErrorCode::LeaderNotAvailable), 1))),
+            Err(SinkError::TopicUnavailable { .. })
+        ));
+        assert!(matches!(
+            existence_outcome(
+                "t",
+                Some((Some(RDKafkaErrorCode::TopicAuthorizationFailed), 0))
+            ),
+            Err(SinkError::KafkaStop(_))
+        ));
+    }
+}
