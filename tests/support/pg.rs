@@ -47,6 +47,9 @@ pub struct PgOptions {
     /// Extra `pg_hba.conf` lines, placed before initdb's `trust` lines so they match
     /// first (e.g. `host all alice 127.0.0.1/32 scram-sha-256`).
     pub hba: Vec<String>,
+    /// The server binaries' directory, when not the default (`PG_BINDIR`, PATH, ...):
+    /// a test that needs a given major version (failover slots need 17).
+    pub bindir: Option<PathBuf>,
 }
 
 impl Default for PgOptions {
@@ -55,6 +58,7 @@ impl Default for PgOptions {
             wal_level: "logical",
             extra_conf: Vec::new(),
             hba: Vec::new(),
+            bindir: None,
         }
     }
 }
@@ -62,6 +66,8 @@ impl Default for PgOptions {
 pub struct PgCluster {
     /// The postmaster; `None` while stopped.
     server: Option<Child>,
+    /// `initdb` and `postgres` this cluster runs.
+    bins: PgBinaries,
     port: u16,
     server_args: Vec<String>,
     data_dir: PathBuf,
@@ -83,18 +89,12 @@ impl PgCluster {
     }
 
     pub fn start_with(opts: PgOptions) -> Self {
-        let bins = pg_binaries();
-        let dir = tempfile::Builder::new()
-            .prefix("outbox-relay-pg-")
-            .tempdir_in(temp_base())
-            .expect("creating PostgreSQL temp dir");
-        if let Some(user) = run_as() {
-            std::os::unix::fs::chown(dir.path(), Some(user.uid.as_raw()), Some(user.gid.as_raw()))
-                .unwrap_or_else(|err| panic!("chown {} to postgres: {err}", dir.path().display()));
-        }
+        let bins = match &opts.bindir {
+            Some(bindir) => PgBinaries::in_dir(bindir),
+            None => pg_binaries().clone(),
+        };
+        let dir = new_cluster_dir();
         let data_dir = dir.path().join("data");
-        let log_path = dir.path().join("postgres.log");
-
         let output = server_command(&bins.initdb, dir.path())
             .arg("-D")
             .arg(&data_dir)
@@ -113,7 +113,72 @@ impl PgCluster {
         if !opts.hba.is_empty() {
             prepend_hba_lines(&data_dir.join("pg_hba.conf"), &opts.hba);
         }
+        Self::launch(dir, bins, &opts)
+    }
 
+    /// A physical standby of this cluster (same binaries), streaming from it through
+    /// the physical slot `slot_name` (created here): a base backup taken with
+    /// `pg_backup_start`/`pg_backup_stop` and a file copy (the npm builds of other
+    /// versions have no `pg_basebackup`), `standby.signal`, `primary_conninfo` on
+    /// database `dbname` (slot synchronisation needs one). `extra_conf` is added to the
+    /// standby's settings (e.g. `hot_standby_feedback`). Logical slots are not copied:
+    /// on PostgreSQL 17 the standby gets them by synchronisation, or not at all.
+    pub fn start_standby(
+        &self,
+        slot_name: &str,
+        dbname: &str,
+        extra_conf: &[(&str, &str)],
+    ) -> PgCluster {
+        let mut client = self.client();
+        client
+            .execute(
+                "SELECT pg_create_physical_replication_slot($1, true)",
+                &[&slot_name],
+            )
+            .unwrap_or_else(|err| panic!("creating physical slot {slot_name}: {err}"));
+        client
+            .batch_execute("SELECT pg_backup_start('outbox-relay standby', true)")
+            .unwrap_or_else(|err| panic!("pg_backup_start: {err}"));
+        let dir = new_cluster_dir();
+        let data_dir = dir.path().join("data");
+        copy_data_dir(&self.data_dir, &data_dir);
+        let row = client
+            .query_one("SELECT labelfile FROM pg_backup_stop(true)", &[])
+            .unwrap_or_else(|err| panic!("pg_backup_stop: {err}"));
+        let label: String = row.get(0);
+        std::fs::write(data_dir.join("backup_label"), label).expect("writing backup_label");
+        std::fs::write(data_dir.join("standby.signal"), "").expect("writing standby.signal");
+        std::fs::set_permissions(&data_dir, std::fs::Permissions::from_mode(0o700))
+            .expect("data dir mode 0700");
+        if let Some(user) = run_as() {
+            chown_tree(&data_dir, user);
+        }
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user={SUPERUSER} dbname={dbname} application_name=standby",
+            self.port
+        );
+        let mut extra: Vec<(String, String)> = vec![
+            ("primary_conninfo".into(), conninfo),
+            ("primary_slot_name".into(), slot_name.into()),
+            ("hot_standby".into(), "on".into()),
+        ];
+        extra.extend(
+            extra_conf
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        let opts = PgOptions {
+            extra_conf: extra,
+            ..PgOptions::default()
+        };
+        Self::launch(dir, self.bins.clone(), &opts)
+    }
+
+    /// Starts `postgres` on `dir/data` with the harness settings plus `opts.extra_conf`,
+    /// on a free port.
+    fn launch(dir: TempDir, bins: PgBinaries, opts: &PgOptions) -> PgCluster {
+        let data_dir = dir.path().join("data");
+        let log_path = dir.path().join("postgres.log");
         let mut server_args: Vec<String> = [
             ("listen_addresses", "127.0.0.1".to_owned()),
             (
@@ -142,6 +207,7 @@ impl PgCluster {
 
         let mut cluster = PgCluster {
             server: None,
+            bins,
             port: 0,
             server_args,
             data_dir,
@@ -282,6 +348,23 @@ impl PgCluster {
 
     /// `server_version_num`, e.g. 170010 for 17.10: for expectations that differ by
     /// PostgreSQL version.
+    /// `initdb` and `postgres` of the given major version, as `deploy/dev-deps.sh`
+    /// installs them (`ensure_pg_version` in deploy/lib.sh prints the directory).
+    pub fn bindir_of_major(major: u32) -> PathBuf {
+        let output = Command::new("bash")
+            .arg("-c")
+            .arg(format!(". deploy/lib.sh && ensure_pg_version {major}"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap_or_else(|err| panic!("running deploy/lib.sh: {err}"));
+        assert!(
+            output.status.success(),
+            "no PostgreSQL {major} (run ./deploy/dev-deps.sh): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+    }
+
     pub fn server_version_num(&self) -> u32 {
         let text = query_lsn(&mut self.client(), "SHOW server_version_num");
         text.parse()
@@ -314,7 +397,7 @@ impl PgCluster {
             .open(&self.log_path)
             .unwrap_or_else(|err| panic!("opening {}: {err}", self.log_path.display()));
         let stderr = log.try_clone().expect("cloning log file handle");
-        let child = server_command(&pg_binaries().postgres, self.dir.path())
+        let child = server_command(&self.bins.postgres, self.dir.path())
             .args(&self.server_args)
             .arg("-p")
             .arg(self.port.to_string())
@@ -430,9 +513,25 @@ pub fn u64_to_lsn(lsn: u64) -> String {
     format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
 }
 
+#[derive(Debug, Clone)]
 struct PgBinaries {
     initdb: PathBuf,
     postgres: PathBuf,
+}
+
+impl PgBinaries {
+    fn in_dir(bindir: &Path) -> Self {
+        let bins = PgBinaries {
+            initdb: bindir.join("initdb"),
+            postgres: bindir.join("postgres"),
+        };
+        assert!(
+            is_executable(&bins.initdb) && is_executable(&bins.postgres),
+            "{} holds no executable initdb and postgres",
+            bindir.display()
+        );
+        bins
+    }
 }
 
 /// Finds `initdb` and `postgres`: in `$PG_BINDIR` when it is set (how CI runs tests on
@@ -554,6 +653,55 @@ fn server_command(program: &Path, dir: &Path) -> Command {
 
 /// Where to create cluster dirs. When running as root the dir must be reachable by the
 /// `postgres` user: if some ancestor of `$TMPDIR` is not world-searchable, use /tmp.
+/// A fresh temp dir for a cluster, owned by the server's OS user.
+fn new_cluster_dir() -> TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("outbox-relay-pg-")
+        .tempdir_in(temp_base())
+        .expect("creating PostgreSQL temp dir");
+    if let Some(user) = run_as() {
+        std::os::unix::fs::chown(dir.path(), Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+            .unwrap_or_else(|err| panic!("chown {} to postgres: {err}", dir.path().display()));
+    }
+    dir
+}
+
+/// Copies a running cluster's data directory for a base backup: everything but the
+/// postmaster's own files and the replication slots (which a base backup leaves out).
+fn copy_data_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("creating the standby's data dir");
+    for entry in std::fs::read_dir(from).expect("reading the data dir") {
+        let entry = entry.expect("data dir entry");
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if matches!(name.as_ref(), "postmaster.pid" | "postmaster.opts") {
+            continue;
+        }
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            if matches!(name.as_ref(), "pg_replslot" | "pg_stat_tmp") {
+                std::fs::create_dir_all(&target).expect("creating an emptied dir");
+                continue;
+            }
+            copy_data_dir(&entry.path(), &target);
+        } else {
+            // Files may change or vanish while the server runs: the backup's WAL repairs
+            // torn pages, and a vanished file was not needed.
+            let _ = std::fs::copy(entry.path(), &target);
+        }
+    }
+}
+
+fn chown_tree(path: &Path, user: &User) {
+    std::os::unix::fs::chown(path, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+        .unwrap_or_else(|err| panic!("chown {}: {err}", path.display()));
+    if path.is_dir() {
+        for entry in std::fs::read_dir(path).expect("reading dir") {
+            chown_tree(&entry.expect("dir entry").path(), user);
+        }
+    }
+}
+
 fn temp_base() -> PathBuf {
     let base = std::env::temp_dir();
     if run_as().is_none() {
