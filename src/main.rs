@@ -46,8 +46,8 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
         /// Re-send rows whose --column is at or after this time (any timestamp
-        /// PostgreSQL reads, e.g. '2026-12-01 09:00:00+00').
-        #[arg(long)]
+        /// PostgreSQL reads, e.g. '2026-12-01 09:00:00+00', or -infinity for every row).
+        #[arg(long, allow_hyphen_values = true)]
         since: String,
         /// The outbox's timestamp column.
         #[arg(long, default_value = "created_at")]

@@ -90,15 +90,28 @@ fn renamed_and_replaced_outbox_stops_the_relay_unacknowledged() {
             "ALTER PUBLICATION \"outbox_relay\" ADD TABLE \"public\".\"outbox\"",
         ],
     );
-    // The repair: the new table joins the publication; rows written from then on flow.
+    // The repair: the new table joins the publication; rows written from then on flow,
+    // and the backfill re-sends the rows written to it before (still in the table).
     pg.client_db("app")
         .batch_execute("ALTER PUBLICATION outbox_relay ADD TABLE outbox")
         .unwrap();
-    let relay = RelayProcess::start(&stdout_config(&pg));
+    let config = stdout_config(&pg);
+    let relay = RelayProcess::start(&config);
     relay.wait_for_stderr("starting replication", WAIT);
     let later = insert(&pg, 4);
     let lines = relay.wait_for_lines(1, WAIT);
     assert!(ids(&lines).contains(&later), "{lines:?}");
+    let (status, stdout, stderr) =
+        support::relay::run_command(&["backfill", "--since", "-infinity"], &config, WAIT);
+    assert!(status.success(), "{stderr}");
+    let backfilled: Vec<String> = ids(&stdout.lines().map(str::to_owned).collect::<Vec<_>>());
+    for n in [2, 3] {
+        let id = format!("30000000-0000-0000-0000-{n:012}");
+        assert!(
+            backfilled.contains(&id),
+            "row {n} written while unpublished is re-sent: {stdout}"
+        );
+    }
 }
 
 #[test]

@@ -77,6 +77,10 @@ pub struct Rig {
     pub relay: Supervisor,
     /// Harness-side trouble worth reporting (e.g. a fast shutdown that hung).
     pub incidents: Vec<String>,
+    /// For each immediate (crash) restart: the slot's position after it (rewound to the
+    /// last checkpoint) and the WAL position before it. Events committed in between may
+    /// come again: counted apart from the relay's own duplicates.
+    pub crash_windows: Vec<(u64, u64)>,
 }
 
 impl Rig {
@@ -112,10 +116,19 @@ impl Rig {
             }
             Fault::PgRestartImmediate => {
                 let down = rng.millis(200, 3_000);
+                let wal_before = self.pg.current_wal_lsn();
                 self.pg.stop_immediate();
                 self.relay.watch_for(down);
                 self.pg.start_again();
-                format!("down {down:?}")
+                let slot_after = self
+                    .pg
+                    .slot_confirmed_flush_lsn(super::super::outbox::SLOT)
+                    .unwrap_or(0);
+                self.crash_windows.push((slot_after, wal_before));
+                format!(
+                    "down {down:?}, slot rewound to {}",
+                    super::super::pg::u64_to_lsn(slot_after)
+                )
             }
             Fault::BrokerPause => {
                 let paused = rng.millis(1_000, 6_000);

@@ -73,6 +73,10 @@ pub struct WriterLog {
     pub next_seq: u64,
     /// Committed transactions, as inclusive seq ranges, in commit order.
     pub committed: Vec<(u64, u64)>,
+    /// For each of `committed`, `pg_current_wal_lsn()` read right after the commit
+    /// (at or past its end): which PostgreSQL crash rewinds could replay it. `None` when
+    /// it could not be read (a COMMIT whose answer was lost).
+    pub committed_lsn: Vec<Option<u64>>,
     /// Rolled back, failed before COMMIT, or COMMIT lost and found not committed.
     pub not_committed: Vec<(u64, u64)>,
     pub rollbacks: usize,
@@ -85,6 +89,26 @@ pub struct WriterLog {
 impl WriterLog {
     pub fn committed_events(&self) -> u64 {
         self.committed.iter().map(|(a, b)| b - a + 1).sum()
+    }
+
+    /// How many events PostgreSQL crash restarts may send again: a crash rewinds the
+    /// slot to its last checkpointed position `from`, so every transaction committed
+    /// after it and before the crash (`to`, the WAL position then) comes again, once per
+    /// crash window it falls in. Transactions without a known position count in every
+    /// window.
+    pub fn crash_replayable_events(&self, windows: &[(u64, u64)]) -> u64 {
+        self.committed
+            .iter()
+            .zip(&self.committed_lsn)
+            .map(|((a, b), lsn)| {
+                let size = b - a + 1;
+                let hits = windows
+                    .iter()
+                    .filter(|(from, to)| lsn.map_or(true, |l| *from < l && l <= *to))
+                    .count() as u64;
+                size * hits
+            })
+            .sum()
     }
 }
 
@@ -255,6 +279,12 @@ pub fn run_writer(writer: u32, shared: &WriterShared, mut rng: Rng) -> WriterLog
         match run_transaction(&mut current.client, writer, first, last, rollback) {
             Outcome::Committed => {
                 log.committed.push((first, last));
+                let lsn = current
+                    .client
+                    .query_one("SELECT pg_current_wal_lsn()::text", &[])
+                    .ok()
+                    .map(|row| super::super::pg::lsn_to_u64(&row.get::<_, String>(0)));
+                log.committed_lsn.push(lsn);
                 shared.committed.fetch_add(size as usize, Ordering::SeqCst);
             }
             Outcome::RolledBack => {
@@ -275,6 +305,7 @@ pub fn run_writer(writer: u32, shared: &WriterShared, mut rng: Rng) -> WriterLog
                 if committed {
                     log.unknown_committed += 1;
                     log.committed.push((first, last));
+                    log.committed_lsn.push(None);
                     shared.committed.fetch_add(size as usize, Ordering::SeqCst);
                 } else {
                     log.unknown_not_committed += 1;
