@@ -48,8 +48,9 @@ for _ in $(seq 100); do psql_ -c 'select 1' postgres >/dev/null 2>&1 && break; s
 psql_ postgres -c "CREATE DATABASE app"
 psql_ app -f sql/outbox.sql
 # The relay's role: REPLICATION to stream the WAL; owning the table and CREATE on the
-# database let it create its publication itself (see sql/roles.sql).
-psql_ app -c "CREATE ROLE relay LOGIN REPLICATION PASSWORD 'relay'; ALTER TABLE public.outbox OWNER TO relay; GRANT CREATE ON DATABASE app TO relay;"
+# database let it create its publication itself, CREATE on the schema its state table
+# (its record of the slot) (see sql/roles.sql).
+psql_ app -c "CREATE ROLE relay LOGIN REPLICATION PASSWORD 'relay'; ALTER TABLE public.outbox OWNER TO relay; GRANT CREATE ON DATABASE app TO relay; GRANT CREATE ON SCHEMA public TO relay;"
 
 cat >"$WORK/relay.toml" <<TOML
 [postgres]
