@@ -58,12 +58,14 @@ fn a_dropped_slot_is_refused_then_recreated_knowingly_and_the_gap_backfilled() {
     let before = insert(&pg, "before", 3);
     relay.wait_for_lines(3, WAIT);
     // The relay notes its acknowledged position in the database (every status interval).
+    // The target is read once: the relay's own notes move the server's WAL on.
+    let after_inserts = support::u64_to_lsn(pg.current_wal_lsn());
     let recorded = support::wait_for("the acknowledged position is recorded", WAIT, || {
         pg.client_db("app")
             .query_opt(
                 "SELECT acknowledged_lsn::text, acknowledged_at::text FROM outbox_relay_state
                  WHERE slot_name = $1 AND acknowledged_lsn >= $2::text::pg_lsn",
-                &[&SLOT, &support::u64_to_lsn(pg.current_wal_lsn())],
+                &[&SLOT, &after_inserts],
             )
             .ok()
             .flatten()
