@@ -12,8 +12,7 @@ mod support;
 
 use std::collections::HashSet;
 
-use serde_json::Value;
-use support::outbox::{plain, OUTBOX_SQL, SLOT, WAIT};
+use support::outbox::{event_ids, insert_events, plain, OUTBOX_SQL, SLOT, WAIT};
 use support::{PgCluster, PgOptions, RelayProcess};
 
 /// The standby's physical slot on the primary.
@@ -44,31 +43,11 @@ fn config(primary: &PgCluster, standby: &PgCluster) -> String {
 }
 
 fn insert(pg: &PgCluster, kind: &str, n: usize) -> Vec<String> {
-    let mut client = pg.client_db("app");
-    (0..n)
-        .map(|_| {
-            client
-                .query_one(
-                    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
-                     VALUES ($1, 'a', 'T', '{}') RETURNING id::text",
-                    &[&kind],
-                )
-                .expect("insert")
-                .get(0)
-        })
-        .collect()
+    insert_events(pg, kind, n)
 }
 
 fn ids(lines: &[String]) -> HashSet<String> {
-    lines
-        .iter()
-        .map(|line| {
-            serde_json::from_str::<Value>(line).expect("a JSON line")["headers"]["id"]
-                .as_str()
-                .expect("an id")
-                .to_owned()
-        })
-        .collect()
+    event_ids(lines).into_iter().collect()
 }
 
 /// Waits until the standby has replayed everything the primary wrote so far.

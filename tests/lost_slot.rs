@@ -9,34 +9,20 @@ mod support;
 
 use std::collections::HashSet;
 
-use serde_json::Value;
-use support::outbox::{cluster_with_outbox, plain, start_streaming, stdout_config, SLOT, WAIT};
+use support::outbox::{
+    cluster_with_outbox, event_ids, insert_events, plain, start_streaming, stdout_config, SLOT,
+    WAIT,
+};
 use support::relay::run_command;
 use support::{PgCluster, PgOptions, RelayProcess};
 
 fn insert(pg: &PgCluster, kind: &str, n: usize) -> Vec<String> {
-    let mut client = pg.client_db("app");
-    (0..n)
-        .map(|_| {
-            client
-                .query_one(
-                    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
-                     VALUES ($1, 'a', 'T', '{}') RETURNING id::text",
-                    &[&kind],
-                )
-                .expect("insert")
-                .get(0)
-        })
-        .collect()
+    insert_events(pg, kind, n)
 }
 
 fn ids(stdout: &str) -> HashSet<String> {
-    stdout
-        .lines()
-        .map(|line| {
-            let event: Value = serde_json::from_str(line).expect("a JSON line");
-            event["headers"]["id"].as_str().expect("an id").to_owned()
-        })
+    event_ids(&stdout.lines().collect::<Vec<_>>())
+        .into_iter()
         .collect()
 }
 
@@ -137,15 +123,8 @@ fn a_dropped_slot_is_refused_then_recreated_knowingly_and_the_gap_backfilled() {
     let relay = RelayProcess::start(&config);
     relay.wait_for_stderr("starting replication", WAIT);
     let after = insert(&pg, "after", 2);
-    let streamed: HashSet<String> = relay
-        .wait_for_lines(2, WAIT)
-        .iter()
-        .map(|line| {
-            serde_json::from_str::<Value>(line).unwrap()["headers"]["id"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
+    let streamed: HashSet<String> = event_ids(&relay.wait_for_lines(2, WAIT))
+        .into_iter()
         .collect();
     assert_eq!(
         streamed,

@@ -81,14 +81,7 @@ pub async fn prepare(
     // PostgreSQL 16 and later decode on a standby too, and such a stream would run on
     // through a promotion unnoticed; before 16 the server refuses it ("logical decoding
     // cannot be used while in recovery"). Wait for a primary on every version.
-    let version_num: u32 = conn
-        .simple_query("SHOW server_version_num")
-        .await?
-        .rows
-        .first()
-        .and_then(|r| r.first().cloned().flatten())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let version_num = server_version_num(conn).await?;
     let recovery = conn
         .simple_query("SELECT pg_catalog.pg_is_in_recovery() AS recovery")
         .await?;
@@ -172,6 +165,18 @@ pub async fn prepare(
         outbox_partitioned,
         failover_slot,
     })
+}
+
+/// The server's `server_version_num` (e.g. 170004), 0 when it cannot be read.
+pub async fn server_version_num(conn: &mut PgConnection) -> Result<u32, PgError> {
+    Ok(conn
+        .simple_query("SHOW server_version_num")
+        .await?
+        .rows
+        .first()
+        .and_then(|r| r.first().cloned().flatten())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0))
 }
 
 /// PostgreSQL 17 (`server_version_num`) brought failover slots.
@@ -513,6 +518,16 @@ pub fn parse_pg_duration(text: &str) -> Option<Duration> {
 mod tests {
     use super::*;
 
+    fn spec() -> SourceSpec {
+        SourceSpec {
+            slot: "outbox_relay".into(),
+            publication: "outbox_relay".into(),
+            table: QualifiedName::parse("public.outbox").unwrap(),
+            state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
+            failover: true,
+        }
+    }
+
     #[test]
     fn start_command_quotes_names() {
         let spec = SourceSpec {
@@ -540,13 +555,7 @@ mod tests {
 
     #[test]
     fn known_server_errors_get_their_fix() {
-        let spec = SourceSpec {
-            slot: "outbox_relay".into(),
-            publication: "outbox_relay".into(),
-            table: QualifiedName::parse("public.outbox").unwrap(),
-            state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
-            failover: true,
-        };
+        let spec = spec();
         for (code, message, needle) in [
             (
                 "42501",
@@ -594,13 +603,7 @@ mod tests {
 
     #[test]
     fn an_invalidated_slot_is_recognised_in_every_versions_wording() {
-        let spec = SourceSpec {
-            slot: "outbox_relay".into(),
-            publication: "outbox_relay".into(),
-            table: QualifiedName::parse("public.outbox").unwrap(),
-            state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
-            failover: true,
-        };
+        let spec = spec();
         for (version, message, detail) in [
             (
                 "13-15",
@@ -654,13 +657,7 @@ mod tests {
 
     #[test]
     fn a_skipped_publication_warning_stops_like_the_error_of_older_versions() {
-        let spec = SourceSpec {
-            slot: "outbox_relay".into(),
-            publication: "outbox_relay".into(),
-            table: QualifiedName::parse("public.outbox").unwrap(),
-            state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
-            failover: true,
-        };
+        let spec = spec();
         // As PostgreSQL 18 sends it in the middle of the stream.
         let warning = crate::pg::conn::DbError {
             severity: "WARNING".into(),

@@ -96,6 +96,29 @@ pub(super) enum AnySink {
 }
 
 impl AnySink {
+    /// The sink `[sink]` names. `keep_events`: a dead-letter topic can take refused
+    /// events, so the Kafka sink keeps each event until its delivery report.
+    pub(super) fn from_config(
+        config: &crate::config::Config,
+        notices: crate::sink::NoticeSender,
+        keep_events: bool,
+    ) -> Result<Self, SinkError> {
+        Ok(match config.sink.kind {
+            crate::config::SinkKind::Stdout => AnySink::Stdout(StdoutSink::stdout(notices)),
+            crate::config::SinkKind::Kafka => {
+                let kafka = config.kafka.as_ref().ok_or_else(|| {
+                    SinkError::KafkaSetup("[sink] type = \"kafka\" needs a [kafka] section".into())
+                })?;
+                AnySink::Kafka(Box::new(crate::sink::kafka::KafkaSink::new(
+                    kafka,
+                    notices,
+                    config.relay.max_in_flight,
+                    keep_events,
+                )?))
+            }
+        })
+    }
+
     pub(super) fn sink(&mut self) -> &mut dyn Sink {
         match self {
             AnySink::Stdout(sink) => sink,

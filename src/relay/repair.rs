@@ -11,7 +11,7 @@ use std::collections::HashSet;
 
 use tokio::sync::mpsc;
 
-use crate::config::{SinkKind, Validated};
+use crate::config::Validated;
 use crate::pg::conn::{PgConnection, SessionKind};
 use crate::pg::pgoutput::{ColumnValue, RelationBody, RelationColumn, TupleData};
 use crate::pg::slot::{self, SetupError, SourceSpec};
@@ -21,8 +21,6 @@ use crate::relay::ack::AckTracker;
 use crate::relay::pipeline::AnySink;
 use crate::relay::router::{EventContext, Router};
 use crate::relay::RelayError;
-use crate::sink::kafka::KafkaSink;
-use crate::sink::stdout::StdoutSink;
 use crate::sink::{RecordTag, SendError, SinkError, SinkNotice};
 
 /// Rows fetched per cursor round trip.
@@ -91,14 +89,7 @@ pub async fn create_slot(
     }
     let identify = conn.simple_query("IDENTIFY_SYSTEM").await?;
     let system_id = identify.get(0, "systemid").unwrap_or_default().to_owned();
-    let version_num: u32 = conn
-        .simple_query("SHOW server_version_num")
-        .await?
-        .rows
-        .first()
-        .and_then(|r| r.first().cloned().flatten())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let version_num = slot::server_version_num(&mut conn).await?;
     let failover = spec.failover && version_num >= slot::FAILOVER_SLOTS_SINCE;
     let start = slot::create_slot(&mut conn, &spec, &system_id, failover).await?;
     let gap_from = match lost {
@@ -152,20 +143,7 @@ pub async fn backfill(
         })
     })?;
     let (notice_tx, mut notices) = mpsc::unbounded_channel();
-    let mut sink = match config.sink.kind {
-        SinkKind::Stdout => AnySink::Stdout(StdoutSink::stdout(notice_tx)),
-        SinkKind::Kafka => {
-            let kafka = config.kafka.as_ref().ok_or_else(|| {
-                SinkError::KafkaSetup("[sink] type = \"kafka\" needs a [kafka] section".into())
-            })?;
-            AnySink::Kafka(Box::new(KafkaSink::new(
-                kafka,
-                notice_tx,
-                config.relay.max_in_flight,
-                false,
-            )?))
-        }
-    };
+    let mut sink = AnySink::from_config(config, notice_tx, false)?;
 
     let mut conn = PgConnection::connect(&settings.connect, SessionKind::Sql).await?;
     conn.simple_query("BEGIN READ ONLY").await?;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::config::{SinkKind, Validated};
+use crate::config::Validated;
 use crate::metrics::Metrics;
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
 use crate::pg::slot::{self, SetupError, SourceSpec};
@@ -26,9 +26,6 @@ use crate::relay::router::Router;
 use crate::relay::txn::TxnAssembler;
 use crate::relay::watch::{OutboxWatch, WatchTarget};
 use crate::relay::RelayError;
-use crate::sink::kafka::KafkaSink;
-use crate::sink::stdout::StdoutSink;
-use crate::sink::SinkError;
 
 /// Run the relay until `shutdown` resolves (graceful: `Ok`) or a definite error.
 /// Retryable errors restart the pipeline with capped, jittered backoff.
@@ -180,20 +177,7 @@ async fn run_attempt(
 
     let (notice_tx, notices) = mpsc::unbounded_channel();
     let dead_letter_topic = config.dead_letter.as_ref().map(|d| d.topic.clone());
-    let mut sink = match config.sink.kind {
-        SinkKind::Stdout => AnySink::Stdout(StdoutSink::stdout(notice_tx)),
-        SinkKind::Kafka => {
-            let kafka = config.kafka.as_ref().ok_or_else(|| {
-                SinkError::KafkaSetup("[sink] type = \"kafka\" needs a [kafka] section".into())
-            })?;
-            AnySink::Kafka(Box::new(KafkaSink::new(
-                kafka,
-                notice_tx,
-                config.relay.max_in_flight,
-                dead_letter_topic.is_some(),
-            )?))
-        }
-    };
+    let mut sink = AnySink::from_config(config, notice_tx, dead_letter_topic.is_some())?;
     if let Some(topic) = &dead_letter_topic {
         // Fail fast: a dead-letter topic that cannot take records is a setup error.
         let Some(ready) = unless_stopped(&mut stop, sink.ensure_topic(topic)).await else {

@@ -78,6 +78,40 @@ pub fn start_streaming(config: &str) -> RelayProcess {
     relay
 }
 
+/// Inserts `n` events of aggregate type `kind`, one transaction each, into database
+/// `app`'s outbox; returns their ids in commit order.
+pub fn insert_events(pg: &PgCluster, kind: &str, n: usize) -> Vec<String> {
+    let mut client = pg.client_db("app");
+    (0..n)
+        .map(|_| {
+            client
+                .query_one(
+                    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+                     VALUES ($1, 'a', 'T', '{}') RETURNING id::text",
+                    &[&kind],
+                )
+                .unwrap_or_else(|e| panic!("inserting a {kind:?} event: {e}"))
+                .get(0)
+        })
+        .collect()
+}
+
+/// The event ids (header `id`) of stdout-sink lines, in order.
+pub fn event_ids<S: AsRef<str>>(lines: &[S]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|line| {
+            let line = line.as_ref();
+            let event: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
+            event["headers"]["id"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no id header: {line}"))
+                .to_owned()
+        })
+        .collect()
+}
+
 /// Peak resident set size (VmHWM) of a running process, in KiB.
 pub fn peak_rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -35,14 +35,7 @@ impl RelayProcess {
 
     /// Like [`RelayProcess::start`] with extra environment variables for the relay.
     pub fn start_with_env(config_toml: &str, env: &[(&str, &str)]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("outbox-relay-test-")
-            .tempdir()
-            .expect("creating relay temp dir");
-        let config_path = dir.path().join("relay.toml");
-        std::fs::write(&config_path, config_toml)
-            .unwrap_or_else(|err| panic!("writing {}: {err}", config_path.display()));
-
+        let (dir, config_path) = write_config(config_toml);
         let mut command = Command::new(RELAY_BIN);
         command
             .arg("run")
@@ -85,13 +78,7 @@ pub fn run_command(
     config_toml: &str,
     timeout: Duration,
 ) -> (ExitStatus, String, String) {
-    let dir = tempfile::Builder::new()
-        .prefix("outbox-relay-test-")
-        .tempdir()
-        .expect("creating relay temp dir");
-    let config_path = dir.path().join("relay.toml");
-    std::fs::write(&config_path, config_toml)
-        .unwrap_or_else(|err| panic!("writing {}: {err}", config_path.display()));
+    let (dir, config_path) = write_config(config_toml);
     let mut command = Command::new(RELAY_BIN);
     command
         .args(args)
@@ -111,6 +98,18 @@ pub fn run_relay_to_exit(config_toml: &str, timeout: Duration) -> (ExitStatus, S
     let relay = RelayProcess::start(config_toml);
     let status = relay.wait_exit(timeout);
     (status, relay.stdout(), relay.stderr())
+}
+
+/// A fresh temp dir holding `relay.toml` with `config_toml`.
+fn write_config(config_toml: &str) -> (TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("outbox-relay-test-")
+        .tempdir()
+        .expect("creating relay temp dir");
+    let config_path = dir.path().join("relay.toml");
+    std::fs::write(&config_path, config_toml)
+        .unwrap_or_else(|err| panic!("writing {}: {err}", config_path.display()));
+    (dir, config_path)
 }
 
 fn relay_log_filter() -> String {
