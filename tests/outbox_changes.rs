@@ -33,15 +33,21 @@ fn ids(lines: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// Runs `change` (statements, each in its own transaction) under a streaming relay, then writes two rows the way the application
-/// would: the relay must stop without acknowledging them, with a message containing
-/// every one of `needles`. Returns the relay's stderr.
-fn change_under_the_relay(change: &[&str], needles: &[&str]) -> (PgCluster, String) {
+/// Runs `change` (statements, each in its own transaction) under a streaming relay,
+/// then writes two rows the way the application would: the relay must stop without
+/// acknowledging them, with a message containing every one of `needles`. Then the
+/// repair: `repair` (statements), a restart, and the backfill of the rows still in the
+/// table: every row written since the change is delivered, and new ones flow.
+fn change_under_the_relay(change: &[&str], needles: &[&str], repair: &[&str]) {
     let pg = cluster_with_outbox(support::PgOptions::default());
     let relay = RelayProcess::start(&stdout_config(&pg));
     relay.wait_for_stderr("starting replication", WAIT);
     let delivered = insert(&pg, 1);
+    let after_first = pg.current_wal_lsn();
     assert_eq!(ids(&relay.wait_for_lines(1, WAIT)), [delivered]);
+    support::wait_until("the first row is acknowledged", WAIT, || {
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= after_first
+    });
 
     let mut client = pg.client_db("app");
     for statement in change {
@@ -75,12 +81,38 @@ fn change_under_the_relay(change: &[&str], needles: &[&str]) -> (PgCluster, Stri
         support::u64_to_lsn(confirmed),
         support::u64_to_lsn(after_change)
     );
-    (pg, stderr)
+    drop(relay);
+
+    // The repair the message gives, a restart, and the backfill.
+    for statement in repair {
+        client
+            .batch_execute(statement)
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    let config = stdout_config(&pg);
+    let relay = RelayProcess::start(&config);
+    relay.wait_for_stderr("starting replication", WAIT);
+    let later = insert(&pg, 4);
+    support::wait_until("rows written after the repair flow", WAIT, || {
+        ids(&relay.lines()).contains(&later)
+    });
+    let (status, stdout, stderr) =
+        support::relay::run_command(&["backfill", "--since", "-infinity"], &config, WAIT);
+    assert!(status.success(), "{stderr}");
+    let backfilled = ids(&stdout.lines().map(str::to_owned).collect::<Vec<_>>());
+    for n in [2, 3] {
+        let id = format!("30000000-0000-0000-0000-{n:012}");
+        assert!(
+            backfilled.contains(&id),
+            "row {n}, written while unpublished, is re-sent: {stdout}"
+        );
+    }
+    assert_eq!(relay.exit_status(), None, "the repaired relay runs on");
 }
 
 #[test]
 fn renamed_and_replaced_outbox_stops_the_relay_unacknowledged() {
-    let (pg, _) = change_under_the_relay(
+    change_under_the_relay(
         &[
             "ALTER TABLE outbox RENAME TO outbox_old",
             "CREATE TABLE outbox (LIKE outbox_old INCLUDING ALL)",
@@ -89,29 +121,8 @@ fn renamed_and_replaced_outbox_stops_the_relay_unacknowledged() {
             "another table",
             "ALTER PUBLICATION \"outbox_relay\" ADD TABLE \"public\".\"outbox\"",
         ],
+        &["ALTER PUBLICATION outbox_relay ADD TABLE outbox"],
     );
-    // The repair: the new table joins the publication; rows written from then on flow,
-    // and the backfill re-sends the rows written to it before (still in the table).
-    pg.client_db("app")
-        .batch_execute("ALTER PUBLICATION outbox_relay ADD TABLE outbox")
-        .unwrap();
-    let config = stdout_config(&pg);
-    let relay = RelayProcess::start(&config);
-    relay.wait_for_stderr("starting replication", WAIT);
-    let later = insert(&pg, 4);
-    let lines = relay.wait_for_lines(1, WAIT);
-    assert!(ids(&lines).contains(&later), "{lines:?}");
-    let (status, stdout, stderr) =
-        support::relay::run_command(&["backfill", "--since", "-infinity"], &config, WAIT);
-    assert!(status.success(), "{stderr}");
-    let backfilled: Vec<String> = ids(&stdout.lines().map(str::to_owned).collect::<Vec<_>>());
-    for n in [2, 3] {
-        let id = format!("30000000-0000-0000-0000-{n:012}");
-        assert!(
-            backfilled.contains(&id),
-            "row {n} written while unpublished is re-sent: {stdout}"
-        );
-    }
 }
 
 #[test]
@@ -124,6 +135,7 @@ fn dropped_and_recreated_outbox_stops_the_relay_unacknowledged() {
                  type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())",
         ],
         &["ALTER PUBLICATION \"outbox_relay\" ADD TABLE"],
+        &["ALTER PUBLICATION outbox_relay ADD TABLE outbox"],
     );
 }
 
@@ -135,6 +147,7 @@ fn outbox_removed_from_the_publication_stops_the_relay_unacknowledged() {
             "removed from the publication",
             "ALTER PUBLICATION \"outbox_relay\" ADD TABLE",
         ],
+        &["ALTER PUBLICATION outbox_relay ADD TABLE outbox"],
     );
 }
 
@@ -149,5 +162,6 @@ fn outbox_removed_and_added_back_stops_the_relay_unacknowledged() {
             "ALTER PUBLICATION outbox_relay ADD TABLE outbox",
         ],
         &["removed from the publication and added again"],
+        &[],
     );
 }

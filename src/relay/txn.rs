@@ -73,12 +73,6 @@ pub enum AssemblyError {
         from: String,
         to: String,
     },
-    #[error("the stream carries a table named {table} with relation id {found}, but the outbox the relay started with is relation id {expected}: the outbox was dropped or renamed and replaced while the relay ran. Rows written to the new table before it joined the publication were not streamed: nothing after this point was acknowledged. Check the publication (it must publish the table the application writes to), re-send the rows written to the new table meanwhile (they stay in it unless deleted), then restart")]
-    OutboxReplaced {
-        table: String,
-        expected: u32,
-        found: u32,
-    },
     #[error("the publication sends inserts of {table} (relation id {relation_id}), which is not the outbox table {outbox}: the relay cannot tell whether they hide outbox rows (a partition of the outbox published under its own name, or a table added to the relay's publication), so it stops without acknowledging them. For a partitioned outbox run ALTER PUBLICATION <publication> SET (publish_via_partition_root = true); otherwise remove the table from the relay's publication (ALTER PUBLICATION <publication> DROP TABLE {table}) and restart. PostgreSQL decodes rows with the publication as it was when they were written, so rows already written this way stop the relay again: re-send them from the outbox table, then move the slot past them with pg_replication_slot_advance")]
     ForeignRelation {
         table: String,
@@ -106,9 +100,10 @@ struct OpenTxn {
 /// Begin..Commit assembly with a relation cache.
 ///
 /// The outbox is known by its relation id (its `pg_class` OID, read when the relay
-/// started) and its name: a Relation message with the id under another name is a rename,
-/// the name under another id is a replaced table, and an insert into any other relation
-/// stops the relay (it could be outbox rows published under a partition's name).
+/// started) and its name: a Relation message with the id under another name is a rename
+/// (an error), the name under another id is still the outbox (a table replaced, or the
+/// old one decoded by the name it had), and an insert into any other relation stops the
+/// relay (it could be outbox rows published under a partition's name).
 pub struct TxnAssembler {
     router: Router,
     table: QualifiedName,
@@ -256,21 +251,20 @@ impl TxnAssembler {
 
     fn cache_relation(&mut self, body: RelationBody) -> Result<(), AssemblyError> {
         let named_outbox = body.namespace == self.table.schema && body.name == self.table.name;
-        let is_outbox = body.relation_id == self.outbox_oid;
-        if is_outbox && !named_outbox {
+        if body.relation_id == self.outbox_oid && !named_outbox {
             return Err(AssemblyError::OutboxRenamed {
                 relation_id: body.relation_id,
                 from: self.table.to_string(),
                 to: format!("{}.{}", body.namespace, body.name),
             });
         }
-        if named_outbox && !is_outbox {
-            return Err(AssemblyError::OutboxReplaced {
-                table: self.table.to_string(),
-                expected: self.outbox_oid,
-                found: body.relation_id,
-            });
-        }
+        // The outbox's name under another relation id: rows of a table the application
+        // wrote to as the outbox, published at the time (a stream replayed past a
+        // drop-and-recreate decodes the old table by the name it had then). They are
+        // events. Whether the publication still covers the outbox as it did is the
+        // outbox watch's question (crate::relay::watch), which also bounds every
+        // acknowledgement.
+        let is_outbox = body.relation_id == self.outbox_oid || named_outbox;
         let cached = CachedRelation {
             is_outbox,
             display_name: format!("{}.{}", body.namespace, body.name),
@@ -501,19 +495,20 @@ mod tests {
     }
 
     #[test]
-    fn the_outbox_name_under_another_relation_id_is_a_replaced_table() {
+    fn the_outbox_name_under_another_relation_id_is_still_the_outbox() {
         let mut a = assembler();
-        a.apply(relation(1, "outbox", &["id"]), Lsn(0)).unwrap();
-        let err = a.apply(relation(9, "outbox", &["id"]), Lsn(0)).unwrap_err();
-        assert!(matches!(
-            err,
-            AssemblyError::OutboxReplaced {
-                expected: 1,
-                found: 9,
-                ..
-            }
-        ));
-        assert!(err.to_string().contains("re-send"), "{err}");
+        let cols = ["id", "aggregatetype", "aggregateid", "type", "payload"];
+        a.apply(relation(9, "outbox", &cols), Lsn(0)).unwrap();
+        a.apply(begin(), Lsn(0)).unwrap();
+        match a
+            .apply(insert(9, &["e1", "Order", "o1", "T", "{}"]), Lsn(10))
+            .unwrap()
+        {
+            Step::Event {
+                event: Ok(event), ..
+            } => assert_eq!(event.topic, "outbox.event.Order"),
+            other => panic!("expected an event, got {other:?}"),
+        }
     }
 
     #[test]
