@@ -301,3 +301,65 @@ fn unknown_commit_outcomes_are_classified_from_the_database() {
         "a transaction whose COMMIT never arrived did not commit"
     );
 }
+
+/// The verifier must be able to fail: a crafted loss, a reorder within a partition, a
+/// rolled-back event, a record in another writer's topic and an id never written each
+/// show up as a failure; a complete run with a duplicate passes and counts it.
+#[test]
+fn the_verifier_fails_on_crafted_losses_reorders_and_strays() {
+    use support::chaos::event_id;
+    use support::kafka::Record;
+
+    let log = WriterLog {
+        next_seq: 5,
+        committed: vec![(0, 2), (4, 4)],
+        committed_lsn: vec![None, None],
+        not_committed: vec![(3, 3)],
+        ..WriterLog::default()
+    };
+    let record = |seq: u64, topic: &str, offset: i64| Record {
+        topic: topic.to_owned(),
+        partition: 0,
+        offset,
+        key: None,
+        value: None,
+        headers: vec![("id".to_owned(), Some(event_id(0, seq).into_bytes()))],
+        timestamp_ms: None,
+    };
+    let topic = topic_of(0);
+    let run = |seqs: &[u64]| -> Vec<Record> {
+        seqs.iter()
+            .enumerate()
+            .map(|(offset, &seq)| record(seq, &topic, offset as i64))
+            .collect()
+    };
+    let logs = std::slice::from_ref(&log);
+
+    let complete = verify(&run(&[0, 1, 2, 1, 4]), logs);
+    assert!(complete.failures().is_empty(), "{:?}", complete.failures());
+    assert_eq!(complete.duplicates, 1);
+
+    let lost = verify(&run(&[0, 2, 4]), logs);
+    assert_eq!(lost.lost, 1, "seq 1 is missing");
+    assert!(!lost.failures().is_empty());
+
+    let reordered = verify(&run(&[0, 2, 1, 4]), logs);
+    assert_eq!(reordered.order_violations, 1, "seq 1 after seq 2");
+    assert!(!reordered.failures().is_empty());
+
+    let rolled_back = verify(&run(&[0, 1, 2, 3, 4]), logs);
+    assert_eq!(rolled_back.not_committed_seen, 1);
+    assert!(!rolled_back.failures().is_empty());
+
+    let mut stray = run(&[0, 1, 2, 4]);
+    stray[1].topic = topic_of(1);
+    let misrouted = verify(&stray, logs);
+    assert_eq!(misrouted.misrouted, 1);
+    assert!(!misrouted.failures().is_empty());
+
+    let mut unknown = run(&[0, 1, 2, 4]);
+    unknown.push(record(9, &topic, 4));
+    let unknown = verify(&unknown, logs);
+    assert_eq!(unknown.unknown_ids, 1);
+    assert!(!unknown.failures().is_empty());
+}

@@ -127,7 +127,19 @@ fn sigterm_behind_a_dead_broker_exits_in_time_without_acknowledging() {
     broker.pause();
     let before = pg.current_wal_lsn();
     insert(&pg, "dead", 1..6);
-    std::thread::sleep(Duration::from_millis(500));
+    // The relay has read the five events (its status updates report them written) and
+    // holds them undelivered behind the paused broker.
+    let after = pg.current_wal_lsn();
+    support::wait_until("the relay has read the new events", WAIT, || {
+        pg.client()
+            .query_opt(
+                "SELECT 1 FROM pg_stat_replication WHERE write_lsn >= $1::text::pg_lsn",
+                &[&support::u64_to_lsn(after)],
+            )
+            .ok()
+            .flatten()
+            .is_some()
+    });
     let started = Instant::now();
     relay.sigterm();
     let status = relay.wait_exit(Duration::from_secs(20));

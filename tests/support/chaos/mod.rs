@@ -21,7 +21,7 @@ pub mod verify;
 pub mod writers;
 
 /// Event id of writer `writer`'s event number `seq` (the same text PostgreSQL prints).
-fn event_id(writer: u32, seq: u64) -> String {
+pub fn event_id(writer: u32, seq: u64) -> String {
     format!("{writer:08x}-0000-4000-8000-{seq:012x}")
 }
 
