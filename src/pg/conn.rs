@@ -2,14 +2,14 @@
 //! (trust, cleartext, md5, SCRAM-SHA-256), the simple query protocol, and CopyBoth for
 //! logical replication.
 //!
-//! `postgres-protocol` 0.6 does not know CopyBothResponse (`'W'`), so backend messages
-//! are framed here (tag byte + Int32 length, checked against [`MAX_MESSAGE_LEN`]) and
-//! only complete, known messages are handed to its parser.
+//! Backend messages are framed by the pure [`crate::pg::framing`] module (where the
+//! untrusted lengths are checked, and CopyBothResponse, unknown to `postgres-protocol`
+//! 0.6, is taken); this module only moves bytes and drives the protocol's states.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::md5_hash;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
@@ -21,9 +21,8 @@ use tokio::net::TcpStream;
 use crate::pg::replication::{FrameError, ReplicationFrame, StandbyStatusUpdate};
 use crate::pg::url::{ConnectParams, TargetSession};
 
-/// Largest backend message accepted. PostgreSQL values are at most 1 GB; anything
-/// claiming more is garbage on the wire and must not become an allocation.
-pub const MAX_MESSAGE_LEN: usize = 1 << 30 | 1 << 20;
+pub use crate::pg::framing::MAX_MESSAGE_LEN;
+use crate::pg::framing::{self, Backend};
 
 /// An error reported by the server (ErrorResponse), with its SQLSTATE.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -466,12 +465,12 @@ impl PgConnection {
         frontend::query(command, &mut self.write_buf)?;
         self.flush().await?;
         loop {
-            if self.try_take_copy_both_response()? {
-                self.in_copy_both = true;
-                return Ok(());
-            }
-            if let Some(message) = self.try_parse_message()? {
-                match message {
+            match framing::parse(&mut self.read_buf).map_err(framing_error)? {
+                Some(Backend::CopyBothResponse) => {
+                    self.in_copy_both = true;
+                    return Ok(());
+                }
+                Some(Backend::Message(message)) => match message {
                     Message::NoticeResponse(_) | Message::ParameterStatus(_) => continue,
                     Message::ErrorResponse(body) => {
                         let error = server_error(body.fields());
@@ -484,9 +483,9 @@ impl PgConnection {
                             "unexpected message while starting replication".into(),
                         ))
                     }
-                }
+                },
+                None => self.fill().await?,
             }
-            self.fill().await?;
         }
     }
 
@@ -593,57 +592,21 @@ impl PgConnection {
         Ok(())
     }
 
-    /// Length of the complete message at the front of the buffer, if there is one.
-    fn complete_frame_len(&self) -> Result<Option<usize>, PgError> {
-        let Some(header) = self.read_buf.get(..5) else {
-            return Ok(None);
-        };
-        let declared = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
-        let declared = usize::try_from(declared)
-            .map_err(|_| PgError::Protocol("message length does not fit in memory".into()))?;
-        if !(4..=MAX_MESSAGE_LEN).contains(&declared) {
-            return Err(PgError::Protocol(format!(
-                "message with tag {:#04x} declares length {declared}, outside 4..={MAX_MESSAGE_LEN}",
-                header[0]
-            )));
-        }
-        let total = declared + 1;
-        Ok((self.read_buf.len() >= total).then_some(total))
-    }
-
-    /// CopyBothResponse (`'W'`) is unknown to postgres-protocol 0.6: take it here.
-    fn try_take_copy_both_response(&mut self) -> Result<bool, PgError> {
-        if self.read_buf.first() != Some(&b'W') {
-            return Ok(false);
-        }
-        match self.complete_frame_len()? {
-            Some(total) => {
-                self.read_buf.advance(total);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
-    }
-
+    /// The next complete message, or `None` when more bytes are needed. A
+    /// CopyBothResponse is only expected by `start_copy_both`.
     fn try_parse_message(&mut self) -> Result<Option<Message>, PgError> {
-        let Some(total) = self.complete_frame_len()? else {
-            return Ok(None);
-        };
-        let tag = self.read_buf[0];
-        if tag == b'W' {
-            return Err(PgError::Protocol("unexpected CopyBothResponse".into()));
-        }
-        let mut frame = self.read_buf.split_to(total);
-        match Message::parse(&mut frame) {
-            Ok(Some(message)) => Ok(Some(message)),
-            Ok(None) => Err(PgError::Protocol(format!(
-                "incomplete message with tag {tag:#04x}"
-            ))),
-            Err(e) => Err(PgError::Protocol(format!(
-                "could not parse message with tag {tag:#04x}: {e}"
-            ))),
+        match framing::parse(&mut self.read_buf).map_err(framing_error)? {
+            Some(Backend::Message(message)) => Ok(Some(message)),
+            Some(Backend::CopyBothResponse) => {
+                Err(PgError::Protocol("unexpected CopyBothResponse".into()))
+            }
+            None => Ok(None),
         }
     }
+}
+
+fn framing_error(error: framing::FramingError) -> PgError {
+    PgError::Protocol(error.to_string())
 }
 
 /// An ErrorResponse as an error; one without severity, SQLSTATE and message is not

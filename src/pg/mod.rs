@@ -2,6 +2,7 @@
 //! pgoutput decoder and slot/publication management.
 
 pub mod conn;
+pub mod framing;
 pub mod lsn;
 pub mod pgoutput;
 pub mod publication;
