@@ -1,5 +1,5 @@
 //! A PostgreSQL connection on tokio and `postgres-protocol`: startup, authentication
-//! (trust, cleartext, md5, SCRAM-SHA-256), the simple query protocol, and CopyBoth for
+//! (decided by the pure [`crate::pg::auth`]), the simple query protocol, and CopyBoth for
 //! logical replication.
 //!
 //! Backend messages are framed by the pure [`crate::pg::framing`] module (where the
@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use fallible_iterator::FallibleIterator;
-use postgres_protocol::authentication::md5_hash;
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
 use postgres_protocol::message::backend::{ErrorFields, Message};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,6 +19,7 @@ use tokio::net::TcpStream;
 use crate::pg::replication::{FrameError, ReplicationFrame, StandbyStatusUpdate};
 use crate::pg::url::{ConnectParams, TargetSession};
 
+use crate::pg::auth::{AuthError, AuthStep, Authenticator};
 pub use crate::pg::framing::MAX_MESSAGE_LEN;
 use crate::pg::framing::{self, Backend};
 
@@ -281,6 +280,8 @@ impl PgConnection {
         }
     }
 
+    /// The authentication phase: the pure [`Authenticator`] decides each reply, this
+    /// moves the bytes.
     async fn authenticate(&mut self, params: &ConnectParams) -> Result<(), PgError> {
         let addr = self.addr.clone();
         let auth_error = |reason: String| PgError::Authentication {
@@ -288,62 +289,15 @@ impl PgConnection {
             addr: addr.clone(),
             reason,
         };
-        let password = || {
-            params.password.as_ref().map(|p| p.expose().as_bytes()).ok_or_else(|| {
-                auth_error(
-                    "the server asks for a password but the postgres url has none; add it as postgres://user:password@host/db".into(),
-                )
-            })
-        };
-        let mut scram: Option<ScramSha256> = None;
+        let password = params.password.as_ref().map(|p| p.expose().as_bytes());
+        let mut authenticator = Authenticator::new(&params.user, password);
         loop {
-            match self.read_message().await? {
-                Message::AuthenticationOk => return Ok(()),
-                Message::AuthenticationCleartextPassword => {
-                    frontend::password_message(password()?, &mut self.write_buf)?;
-                }
-                Message::AuthenticationMd5Password(body) => {
-                    let hash = md5_hash(params.user.as_bytes(), password()?, body.salt());
-                    frontend::password_message(hash.as_bytes(), &mut self.write_buf)?;
-                }
-                Message::AuthenticationSasl(body) => {
-                    let mut mechanisms = body.mechanisms();
-                    let mut offered = Vec::new();
-                    while let Some(mechanism) = mechanisms.next()? {
-                        offered.push(mechanism.to_owned());
-                    }
-                    if !offered.iter().any(|m| m == SCRAM_SHA_256) {
-                        return Err(auth_error(format!(
-                            "the server offers SASL mechanisms {offered:?}; only {SCRAM_SHA_256} is supported"
-                        )));
-                    }
-                    let client = ScramSha256::new(password()?, ChannelBinding::unsupported());
-                    frontend::sasl_initial_response(
-                        SCRAM_SHA_256,
-                        client.message(),
-                        &mut self.write_buf,
-                    )?;
-                    scram = Some(client);
-                }
-                Message::AuthenticationSaslContinue(body) => {
-                    let client = scram.as_mut().ok_or_else(|| {
-                        PgError::Protocol("SASL continue before SASL start".into())
-                    })?;
-                    client
-                        .update(body.data())
-                        .map_err(|e| auth_error(format!("SCRAM exchange failed: {e}")))?;
-                    frontend::sasl_response(client.message(), &mut self.write_buf)?;
-                }
-                Message::AuthenticationSaslFinal(body) => {
-                    let client = scram
-                        .as_mut()
-                        .ok_or_else(|| PgError::Protocol("SASL final before SASL start".into()))?;
-                    client.finish(body.data()).map_err(|e| {
-                        auth_error(format!("the server's SCRAM signature did not verify: {e}"))
-                    })?;
-                    continue;
-                }
-                Message::ErrorResponse(body) => {
+            let message = self.read_message().await?;
+            match authenticator.on_message(message, &mut self.write_buf) {
+                Ok(AuthStep::Done) => return Ok(()),
+                Ok(AuthStep::Reply) => self.flush().await?,
+                Ok(AuthStep::Wait) => {}
+                Ok(AuthStep::ServerError(body)) => {
                     return Err(match server_error(body.fields()) {
                         // 28P01 invalid_password, 28000 invalid_authorization_specification.
                         PgError::Db(error) if error.code.starts_with("28") => {
@@ -352,22 +306,9 @@ impl PgConnection {
                         other => other,
                     });
                 }
-                Message::AuthenticationKerberosV5
-                | Message::AuthenticationScmCredential
-                | Message::AuthenticationGss
-                | Message::AuthenticationSspi
-                | Message::AuthenticationGssContinue(_) => {
-                    return Err(auth_error(
-                        "the server asks for an authentication method outside trust, password, md5 and scram-sha-256; change pg_hba.conf for this user".into(),
-                    ));
-                }
-                _ => {
-                    return Err(PgError::Protocol(
-                        "unexpected message during authentication".into(),
-                    ))
-                }
+                Err(AuthError::Refused(reason)) => return Err(auth_error(reason)),
+                Err(AuthError::Protocol(reason)) => return Err(PgError::Protocol(reason)),
             }
-            self.flush().await?;
         }
     }
 

@@ -1,6 +1,7 @@
 //! PostgreSQL side: the replication connection, WAL positions, replication frames, the
 //! pgoutput decoder and slot/publication management.
 
+pub mod auth;
 pub mod conn;
 pub mod framing;
 pub mod lsn;
