@@ -6,6 +6,7 @@ pub mod conn;
 pub mod framing;
 pub mod lsn;
 pub mod pgoutput;
+pub mod pgoutput_reader;
 pub mod publication;
 pub mod replication;
 pub mod slot;
