@@ -22,14 +22,7 @@ pub const DEFAULT_PAYLOAD_COLUMN: &str = "payload";
 pub const DEFAULT_TOPIC: &str = "outbox.event.${routedByValue}";
 /// Debezium's default `route.topic.regex`: the whole route-by value.
 pub const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
-/// Partitions of topics the relay creates: one keeps a single total order per topic,
-/// which suits small deployments and the test broker; raise it for throughput.
-pub const DEFAULT_TOPIC_PARTITIONS: i32 = 1;
-/// Replication factor of topics the relay creates: -1 takes the broker's
-/// `default.replication.factor`, which the cluster's operator has set for its size (1 on
-/// a single broker, typically 3 in production); a fixed 1 would leave topics on a
-/// production cluster without replicas.
-pub const DEFAULT_TOPIC_REPLICATION_FACTOR: i32 = -1;
+pub use crate::sink::kafka_config::{DEFAULT_TOPIC_PARTITIONS, DEFAULT_TOPIC_REPLICATION_FACTOR};
 /// Events handed to the sink but not yet confirmed, before reading pauses. Bounds memory
 /// whatever the transaction size; large enough to keep a Kafka producer's batches full.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 100_000;
@@ -67,25 +60,7 @@ pub struct MetricsConfig {
     pub listen: String,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KafkaConfig {
-    /// `bootstrap.servers`: comma-separated `host:port` list.
-    pub brokers: String,
-    /// Create a missing topic through the admin API the first time an event routes to it.
-    #[serde(default = "default_true")]
-    pub create_topics: bool,
-    /// Partitions of created topics; -1 takes the broker's `num.partitions`.
-    #[serde(default = "default_topic_partitions")]
-    pub topic_partitions: i32,
-    /// Replication factor of created topics; -1 takes the broker's
-    /// `default.replication.factor`.
-    #[serde(default = "default_topic_replication_factor")]
-    pub topic_replication_factor: i32,
-    /// Any librdkafka property; applied over the relay's defaults.
-    #[serde(default)]
-    pub properties: std::collections::BTreeMap<String, String>,
-}
+pub use crate::sink::kafka_config::KafkaConfig;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -245,12 +220,6 @@ fn default_topic() -> String {
 }
 fn default_true() -> bool {
     true
-}
-fn default_topic_partitions() -> i32 {
-    DEFAULT_TOPIC_PARTITIONS
-}
-fn default_topic_replication_factor() -> i32 {
-    DEFAULT_TOPIC_REPLICATION_FACTOR
 }
 fn default_topic_regex() -> String {
     DEFAULT_TOPIC_REGEX.into()

@@ -15,7 +15,11 @@
 //! parts (`pg::conn`, `relay::pipeline`, `sink`) are thin.
 #![forbid(unsafe_code)]
 
+pub use lsn::Lsn;
+
 pub mod config;
+pub mod event;
+pub mod lsn;
 pub mod metrics;
 pub mod pg;
 pub mod relay;

@@ -4,7 +4,6 @@
 pub mod auth;
 pub mod conn;
 pub mod framing;
-pub mod lsn;
 pub mod pgoutput;
 pub mod pgoutput_reader;
 pub mod publication;
@@ -14,4 +13,4 @@ pub mod sql;
 pub mod state;
 pub mod url;
 
-pub use lsn::Lsn;
+pub use crate::lsn::Lsn;

@@ -28,8 +28,8 @@
 //!   refuses them (`relay::txn`, `AssemblyError::Unexpected`).
 //! - The bounds-checked cursor lives in [`crate::pg::pgoutput_reader`].
 
-use crate::pg::lsn::Lsn;
 use crate::pg::pgoutput_reader::Reader;
+use crate::Lsn;
 
 /// Microseconds since 2000-01-01 00:00:00 UTC, as PostgreSQL sends timestamps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -2,7 +2,7 @@
 //! the outbox's relation id, the publication's id and options, and the membership row
 //! that puts the table in it. Pure: the query text, parsing its row, and comparing two
 //! readings. The relay reads it on a side connection while it streams
-//! ([`crate::relay::watch`]).
+//! (the relay's outbox watch, `relay::watch`).
 //!
 //! Why ids and not names: `ALTER TABLE outbox RENAME TO outbox_old; CREATE TABLE outbox
 //! (LIKE outbox_old)` keeps the names in place but leaves the new table out of a

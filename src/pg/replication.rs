@@ -7,8 +7,8 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::pg::lsn::Lsn;
 use crate::pg::pgoutput::PgTimestamp;
+use crate::Lsn;
 
 /// One server → client replication frame.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use crate::pg::conn::{DbError, PgConnection, PgError, QueryResult};
-use crate::pg::lsn::Lsn;
 use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
 use crate::pg::state;
+use crate::Lsn;
 
 /// What the relay needs on the source.
 #[derive(Debug, Clone)]

@@ -31,24 +31,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use crate::event::{Ticket, TxnSeq};
 use crate::pg::Lsn;
-use crate::sink::TxnSeq;
-
-/// One undelivered event: handed out by [`AckTracker::event_sent`], settled by
-/// [`AckTracker::delivered`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ticket {
-    seq: TxnSeq,
-    /// Send order; also the key of its send time.
-    serial: u64,
-}
-
-impl Ticket {
-    /// The transaction the event belongs to.
-    pub fn seq(&self) -> TxnSeq {
-        self.seq
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 struct TxnState {

@@ -36,117 +36,16 @@
 mod pgtext;
 mod placement;
 
-use std::borrow::Cow;
-
 use crate::config::OutboxConfig;
 use crate::pg::pgoutput::{ColumnValue, RelationBody, TupleData};
 use crate::pg::Lsn;
 
+pub use crate::event::{EnvelopeField, Header, OutboxEvent, PayloadFormat};
 pub use pgtext::{parse_pg_timestamp_ms, row_as_json};
 pub use placement::{AdditionalField, Placement};
 
 use pgtext::{ValueKind, BYTEA_OID, JSONB_OID, JSON_OID};
 use placement::TopicRule;
-
-/// What the payload bytes are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PayloadFormat {
-    /// `json` / `jsonb`: the bytes are a JSON document.
-    Json,
-    /// Any other type, in PostgreSQL's text form (UTF-8).
-    Text,
-    /// `bytea`, decoded to raw bytes.
-    Binary,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Header {
-    pub name: String,
-    pub value: Option<String>,
-}
-
-/// One field of the JSON envelope (an `envelope` placement).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EnvelopeField {
-    /// The alias (the column name when no alias is given).
-    pub name: String,
-    /// The column value as JSON text: `null`; json/jsonb embedded as JSON; `true` /
-    /// `false` for bool; a number for integer, float and numeric columns (a string for
-    /// `NaN` and infinities); a base64 string for bytea; a string for everything else.
-    pub json: String,
-}
-
-/// One routed event, ready for a sink.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxEvent {
-    pub topic: String,
-    /// The record's partition (a `partition` placement); `None` leaves it to the
-    /// producer's partitioner.
-    pub partition: Option<i32>,
-    pub key: Option<String>,
-    /// `id` first, then the `header` placements in configuration order.
-    pub headers: Vec<Header>,
-    /// The payload as stored; `None` for SQL NULL. Sinks write [`OutboxEvent::value`].
-    pub payload: Option<Vec<u8>>,
-    pub payload_format: PayloadFormat,
-    /// The `envelope` placements; when not empty the value is an envelope object.
-    pub envelope: Vec<EnvelopeField>,
-    /// The record value is null (a Kafka tombstone).
-    pub tombstone: bool,
-    /// WAL position of the insert.
-    pub lsn: Lsn,
-    /// Record timestamp in Unix milliseconds: `outbox.timestamp_column`'s value, or the
-    /// transaction's commit time.
-    pub timestamp_ms: i64,
-}
-
-impl OutboxEvent {
-    /// The exact bytes of the Kafka record value; `None` for a null value (tombstone).
-    ///
-    /// Without envelope fields, the payload itself: json/jsonb as their JSON text, text
-    /// as UTF-8, bytea as the raw bytes. With envelope fields, the JSON object
-    /// `{"payload":P,"<alias>":V,...}` in configuration order, where `P` is the payload
-    /// as JSON (json/jsonb embedded, text as a JSON string, bytea as a base64 string, as
-    /// Kafka Connect's JSON converter writes bytes; NULL as `null`) and each `V` is
-    /// [`EnvelopeField::json`].
-    pub fn value(&self) -> Option<Cow<'_, [u8]>> {
-        if self.tombstone {
-            return None;
-        }
-        if self.envelope.is_empty() {
-            return self.payload.as_deref().map(Cow::Borrowed);
-        }
-        let mut out = Vec::with_capacity(
-            32 + self.payload.as_ref().map_or(4, Vec::len)
-                + self
-                    .envelope
-                    .iter()
-                    .map(|f| f.name.len() + f.json.len() + 4)
-                    .sum::<usize>(),
-        );
-        out.extend_from_slice(b"{\"payload\":");
-        match (&self.payload, self.payload_format) {
-            (None, _) => out.extend_from_slice(b"null"),
-            (Some(bytes), PayloadFormat::Json) => out.extend_from_slice(bytes),
-            (Some(bytes), PayloadFormat::Text) => {
-                pgtext::push_json_string(&mut out, &String::from_utf8_lossy(bytes))
-            }
-            (Some(bytes), PayloadFormat::Binary) => {
-                out.push(b'"');
-                pgtext::push_base64(&mut out, bytes);
-                out.push(b'"');
-            }
-        }
-        for field in &self.envelope {
-            out.push(b',');
-            pgtext::push_json_string(&mut out, &field.name);
-            out.push(b':');
-            out.extend_from_slice(field.json.as_bytes());
-        }
-        out.push(b'}');
-        Some(Cow::Owned(out))
-    }
-}
 
 /// Why a row could not become an event. Never skipped silently: the relay stops (or,
 /// with a dead-letter topic, parks the row there).

@@ -26,8 +26,8 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::ClientContext;
 use tokio::task::JoinSet;
 
-use crate::config::KafkaConfig;
-use crate::relay::router::OutboxEvent;
+use crate::event::OutboxEvent;
+use crate::sink::kafka_config::KafkaConfig;
 use crate::sink::kafka_config::{admin_config, producer_config};
 use crate::sink::kafka_errors::{action, is_size_error, stop_hint, ErrorAction};
 use crate::sink::kafka_topics::illegal_topic_name;

@@ -15,6 +15,45 @@ use std::collections::BTreeMap;
 
 use rdkafka::config::ClientConfig;
 
+/// The `[kafka]` section: owned by the Kafka sink; `config.rs` composes it.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`: comma-separated `host:port` list.
+    pub brokers: String,
+    /// Create a missing topic through the admin API the first time an event routes to it.
+    #[serde(default = "default_create_topics")]
+    pub create_topics: bool,
+    /// Partitions of created topics; -1 takes the broker's `num.partitions`.
+    #[serde(default = "default_topic_partitions")]
+    pub topic_partitions: i32,
+    /// Replication factor of created topics; -1 takes the broker's
+    /// `default.replication.factor`.
+    #[serde(default = "default_topic_replication_factor")]
+    pub topic_replication_factor: i32,
+    /// Any librdkafka property; applied over the relay's defaults.
+    #[serde(default)]
+    pub properties: std::collections::BTreeMap<String, String>,
+}
+
+/// Partitions of topics the relay creates: one keeps a single total order per topic,
+/// which suits small deployments and the test broker; raise it for throughput.
+pub const DEFAULT_TOPIC_PARTITIONS: i32 = 1;
+/// Replication factor of topics the relay creates: -1 takes the broker's
+/// `default.replication.factor`, which the cluster's operator has set for its size (1 on
+/// a single broker, typically 3 in production); a fixed 1 would leave topics on a
+/// production cluster without replicas.
+pub const DEFAULT_TOPIC_REPLICATION_FACTOR: i32 = -1;
+fn default_create_topics() -> bool {
+    true
+}
+fn default_topic_partitions() -> i32 {
+    DEFAULT_TOPIC_PARTITIONS
+}
+fn default_topic_replication_factor() -> i32 {
+    DEFAULT_TOPIC_REPLICATION_FACTOR
+}
+
 /// Producer settings that keep order and lose nothing; user properties go on top (the
 /// checks refuse those that would weaken idempotence, acks or retries).
 pub const PRODUCER_DEFAULTS: &[(&str, &str)] = &[

@@ -13,11 +13,8 @@ pub mod stdout;
 
 use tokio::sync::mpsc;
 
-use crate::relay::ack::Ticket;
-use crate::relay::router::OutboxEvent;
-
-/// Identifies the transaction an event belongs to, for the ack tracker.
-pub type TxnSeq = u64;
+pub use crate::event::TxnSeq;
+use crate::event::{OutboxEvent, Ticket};
 
 /// Travels with a record through the sink and back in its notice: which undelivered
 /// event of the ack tracker it settles, and whether it is a dead-letter record (whose

@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 use std::io::Write;
 
-use crate::relay::router::{OutboxEvent, PayloadFormat};
+use crate::event::{OutboxEvent, PayloadFormat};
 use crate::sink::{NoticeSender, RecordTag, SendError, Sink, SinkError, SinkNotice};
 
 /// Writes JSON lines to any writer (stdout in production, a buffer in tests).
@@ -150,8 +150,8 @@ impl<W: Write + Send> Sink for StdoutSink<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pg::Lsn;
-    use crate::relay::router::{EnvelopeField, Header};
+    use crate::event::{EnvelopeField, Header, Ticket};
+    use crate::Lsn;
 
     fn event(payload: Option<&str>, format: PayloadFormat) -> OutboxEvent {
         OutboxEvent {
@@ -294,14 +294,9 @@ mod tests {
     fn deliveries_are_reported_only_after_flush() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let mut sink = StdoutSink::new(Vec::new(), tx);
-        let mut tracker = crate::relay::ack::AckTracker::new(crate::pg::Lsn(0), 7);
-        let now = std::time::Instant::now();
-        let mut tag = |seq| {
-            tracker.begin(seq).unwrap();
-            RecordTag {
-                ticket: tracker.event_sent(seq, now).unwrap(),
-                dead_letter: false,
-            }
+        let tag = |seq| RecordTag {
+            ticket: Ticket { seq, serial: seq },
+            dead_letter: false,
         };
         let (first, second) = (tag(7), tag(8));
         sink.send(event(Some("{}"), PayloadFormat::Json), first)

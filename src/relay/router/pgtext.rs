@@ -4,6 +4,7 @@
 //! walsender session's settings: bytea as hex (`bytea_output = hex`, the default) and
 //! timestamps in the ISO `DateStyle` (the default) are what these helpers read.
 
+use crate::event::{push_base64, push_json_string};
 use crate::pg::pgoutput::{ColumnValue, TupleData};
 
 /// PostgreSQL type oids that decide how a value is written.
@@ -68,24 +69,6 @@ pub(super) fn decode_bytea(text: &[u8]) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// Standard base64 (RFC 4648, with padding), appended to `out`.
-pub(super) fn push_base64(out: &mut Vec<u8>, bytes: &[u8]) {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
-        let sextet = |shift: u32| ALPHABET[((n >> shift) & 0x3f) as usize];
-        out.push(sextet(18));
-        out.push(sextet(12));
-        out.push(if chunk.len() > 1 { sextet(6) } else { b'=' });
-        out.push(if chunk.len() > 2 { sextet(0) } else { b'=' });
-    }
-}
-
 /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`: JSON's number grammar.
 pub(super) fn is_json_number(text: &str) -> bool {
     fn digits(bytes: &[u8], mut i: usize) -> usize {
@@ -120,11 +103,6 @@ pub(super) fn is_json_number(text: &str) -> bool {
         i = end;
     }
     i == bytes.len()
-}
-
-pub(super) fn push_json_string(out: &mut Vec<u8>, text: &str) {
-    // serde_json's string escaping is exact; writing into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, text);
 }
 
 /// Append one column value (its text form, `None` for NULL) as a JSON value.

@@ -401,7 +401,10 @@ fn raw_values_are_never_json_escaped() {
                 CONTEXT,
             )
             .unwrap();
-        assert!(matches!(event.value(), Some(Cow::Borrowed(_))), "no copy");
+        assert!(
+            matches!(event.value(), Some(std::borrow::Cow::Borrowed(_))),
+            "no copy"
+        );
         assert_eq!(event.value().unwrap().as_ref(), &want[..], "{stored}");
     }
 }
