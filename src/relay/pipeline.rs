@@ -236,11 +236,10 @@ impl Pipeline {
                 () = sleep_until_due(self.status_due), if self.status_due.is_some() => {
                     self.status_due = None;
                     self.send_status(false).await?;
+                    self.ask_watch();
                 }
                 _ = timer.tick() => {
-                    if self.tracker.wants_vouching() {
-                        self.watch.request();
-                    }
+                    self.ask_watch();
                     if self.last_reported > self.last_recorded {
                         // For the lost-slot check: where the slot stood, kept in the
                         // database (once per status interval, not per update).
@@ -278,9 +277,7 @@ impl Pipeline {
     /// update now, or once [`PROMPT_ACK_GAP`](crate::relay::feedback::PROMPT_ACK_GAP) has
     /// passed since the last one.
     async fn report_progress_promptly(&mut self) -> Result<(), RelayError> {
-        if self.tracker.wants_vouching() {
-            self.watch.request();
-        }
+        self.ask_watch();
         let flush = self.tracker.flush_lsn();
         match feedback(
             flush,
@@ -297,6 +294,18 @@ impl Pipeline {
             }
         }
         Ok(())
+    }
+
+    /// Asks the watch to vouch for what waits to be acknowledged; when it is too soon for
+    /// another check, a status update is owed at the time it may ask again.
+    fn ask_watch(&mut self) {
+        if !self.tracker.wants_vouching() {
+            return;
+        }
+        if let Some(next) = self.watch.request(Instant::now()) {
+            let next = tokio::time::Instant::from_std(next);
+            self.status_due = Some(self.status_due.map_or(next, |due| due.min(next)));
+        }
     }
 
     /// A check of the outbox watch came back: raise the vouched bound, or stop.
@@ -672,7 +681,7 @@ impl Pipeline {
         // The final update may acknowledge only what the watch vouched for: ask once more.
         self.take_ready_notices()?;
         if self.tracker.wants_vouching() {
-            self.watch.request();
+            self.watch.request_now();
             match tokio::time::timeout(CLOSE_WAIT, self.watch.next_report()).await {
                 Ok(Some(report)) => self.on_watch_report(report)?,
                 Ok(None) | Err(_) => {

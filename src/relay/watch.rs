@@ -31,6 +31,11 @@ use crate::pg::sql::QualifiedName;
 use crate::pg::state;
 use crate::pg::url::ConnectParams;
 use crate::pg::Lsn;
+use crate::relay::feedback::PROMPT_ACK_GAP;
+
+/// The shortest time between two checks: status updates go out at most that often
+/// anyway ([`PROMPT_ACK_GAP`]).
+pub const MIN_CHECK_GAP: std::time::Duration = PROMPT_ACK_GAP;
 
 /// What a check found.
 #[derive(Debug)]
@@ -63,6 +68,8 @@ pub struct OutboxWatch {
     reports: mpsc::Receiver<WatchReport>,
     /// Since when a check (or the first reading) is awaited.
     pending_since: Option<std::time::Instant>,
+    /// When the last check was asked for: at most one per [`MIN_CHECK_GAP`].
+    last_asked: Option<std::time::Instant>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -146,14 +153,38 @@ impl OutboxWatch {
             reports,
             // The first report comes without a request.
             pending_since: Some(std::time::Instant::now()),
+            last_asked: None,
             task,
         }
     }
 
-    /// Asks for a check unless one is under way.
-    pub fn request(&mut self) {
-        if self.pending_since.is_none() && self.requests.try_send(()).is_ok() {
-            self.pending_since = Some(std::time::Instant::now());
+    /// Asks for a check unless one is under way, at most one per [`MIN_CHECK_GAP`]: a
+    /// busy stream would otherwise query PostgreSQL back to back. Returns when it may
+    /// ask again if it is too soon now.
+    pub fn request(&mut self, now: std::time::Instant) -> Option<std::time::Instant> {
+        if self.pending_since.is_some() {
+            return None;
+        }
+        if let Some(next) = self.last_asked.map(|last| last + MIN_CHECK_GAP) {
+            if now < next {
+                return Some(next);
+            }
+        }
+        self.ask(now);
+        None
+    }
+
+    /// Asks for a check now unless one is under way (the final update at shutdown).
+    pub fn request_now(&mut self) {
+        if self.pending_since.is_none() {
+            self.ask(std::time::Instant::now());
+        }
+    }
+
+    fn ask(&mut self, now: std::time::Instant) {
+        if self.requests.try_send(()).is_ok() {
+            self.pending_since = Some(now);
+            self.last_asked = Some(now);
         }
     }
 
