@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use outbox_relay::config::Config;
+use outbox_relay::config::{Config, Validated};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -159,7 +159,7 @@ fn main() -> ExitCode {
 /// The validated config and a runtime to run a command on.
 fn load_with_runtime(
     config: &std::path::Path,
-) -> Result<(outbox_relay::config::Validated, tokio::runtime::Runtime), ExitCode> {
+) -> Result<(Validated, tokio::runtime::Runtime), ExitCode> {
     let settings = Config::load(config).map_err(|e| fail(&e))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -19,6 +19,28 @@ pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
 pub const LAST_STATUS_UNIX_SECONDS: &str = "outbox_relay_last_status_update_unix_seconds";
 pub const OLDEST_UNDELIVERED_SECONDS: &str = "outbox_relay_oldest_undelivered_seconds";
 
+/// `[metrics]`: where to serve them.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `host:port` to serve Prometheus metrics on (`GET /metrics`).
+    pub listen: String,
+}
+
+impl MetricsConfig {
+    /// Every problem of the section, each with its key path.
+    pub fn problems(&self) -> Vec<String> {
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            vec![format!(
+                "metrics.listen: {:?} is not an address like 127.0.0.1:9187",
+                self.listen
+            )]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
 /// The relay's metrics. Cheap to update from the hot path (relaxed atomics).
 #[derive(Debug, Default)]
 pub struct Metrics {

@@ -1,8 +1,11 @@
 //! Dependencies go one way: the PostgreSQL side (`pg`) and the sinks (`sink`) know
-//! nothing of the relay or of each other, and the shared vocabulary (`event`, `lsn`) is
-//! a leaf. Checked on the source text: every `crate::<module>` a file names (outside
-//! comments) must be one its layer may use.
+//! nothing of the relay or of each other, the relay knows nothing of the configuration
+//! file (`config` composes the sections each part owns and hands the relay its
+//! settings), and the shared vocabulary (`event`, `lsn`) is a leaf. Checked on the
+//! source text: every `crate::<module>` a file names (outside comments) must be one its
+//! layer may use, and the top-level modules import each other without cycles.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Layer (a directory or a file under `src/`) and the top-level modules it may name.
@@ -10,6 +13,11 @@ use std::path::{Path, PathBuf};
 const RULES: &[(&str, &[&str])] = &[
     ("pg", &["pg", "lsn", "Lsn"]),
     ("sink", &["sink", "event", "lsn", "Lsn"]),
+    (
+        "relay",
+        &["relay", "pg", "sink", "event", "metrics", "lsn", "Lsn"],
+    ),
+    ("metrics.rs", &[]),
     ("event.rs", &["lsn", "Lsn"]),
     ("lsn.rs", &[]),
 ];
@@ -76,4 +84,97 @@ fn the_check_sees_a_forbidden_import() {
         ["pg"]
     );
     assert!(named_modules("/// see crate::relay::watch").is_empty());
+}
+
+/// Top-level module of a file under `src/` (`relay/run.rs` → `relay`, `config.rs` →
+/// `config`); `None` for the crate roots.
+fn top_level_module(src: &Path, file: &Path) -> Option<String> {
+    let relative = file.strip_prefix(src).ok()?;
+    let first = relative.components().next()?.as_os_str().to_str()?;
+    let name = first.strip_suffix(".rs").unwrap_or(first);
+    (!matches!(name, "lib" | "main")).then(|| name.to_owned())
+}
+
+/// A cycle in `graph`, as the path that closes it, if there is one.
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(node.to_owned());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn top_level_modules_import_each_other_without_cycles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let Some(from) = top_level_module(&src, &file) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&file).expect("reading a source file");
+        let targets = graph.entry(from.clone()).or_default();
+        for line in text.lines() {
+            for module in named_modules(line) {
+                // `Lsn` is the crate root's re-export of `lsn::Lsn`.
+                let module = if module == "Lsn" {
+                    "lsn".to_owned()
+                } else {
+                    module
+                };
+                if !module.is_empty() && module != from {
+                    targets.insert(module);
+                }
+            }
+        }
+    }
+    assert!(graph.contains_key("config") && graph.contains_key("relay"));
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("import cycle between modules: {}", cycle.join(" -> "));
+    }
+}
+
+#[test]
+fn the_cycle_check_sees_a_cycle() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("config", vec!["relay"]),
+        ("relay", vec!["pg", "config"]),
+        ("pg", vec![]),
+    ]
+    .into_iter()
+    .map(|(node, to)| (node.to_owned(), to.into_iter().map(str::to_owned).collect()))
+    .collect();
+    assert_eq!(
+        find_cycle(&graph),
+        Some(vec![
+            "config".to_owned(),
+            "relay".to_owned(),
+            "config".to_owned()
+        ])
+    );
 }

@@ -2,6 +2,7 @@
 //! pgoutput decoder and slot/publication management.
 
 pub mod auth;
+pub mod config;
 pub mod conn;
 pub mod framing;
 pub mod pgoutput;

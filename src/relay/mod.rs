@@ -9,12 +9,12 @@ pub mod pipeline;
 pub mod repair;
 pub mod router;
 pub mod run;
+pub mod settings;
 pub mod txn;
 pub mod watch;
 
 pub use run::run;
 
-use crate::config::ConfigError;
 use crate::pg::conn::PgError;
 use crate::pg::pgoutput::DecodeError;
 use crate::pg::slot::SetupError;
@@ -24,8 +24,6 @@ use crate::sink::SinkError;
 /// Why the relay stopped (or restarts).
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
     #[error(transparent)]
     Pg(#[from] PgError),
     #[error(transparent)]

@@ -40,9 +40,7 @@ use crate::relay::router::OutboxEvent;
 use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
 use crate::relay::watch::{OutboxWatch, WatchReport};
 use crate::relay::RelayError;
-use crate::sink::kafka::{KafkaSink, TopicStatus};
-use crate::sink::stdout::StdoutSink;
-use crate::sink::{RecordTag, SendError, Sink, SinkError, SinkNotice, TxnSeq};
+use crate::sink::{RecordTag, SendError, Sink, SinkError, SinkNotice, TopicStatus, TxnSeq};
 
 /// Status updates never less often than this fraction of `wal_sender_timeout`.
 const STATUS_FRACTION_OF_TIMEOUT: u32 = 3;
@@ -88,67 +86,6 @@ pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
     }
 }
 
-/// The sinks this build knows. An enum rather than a trait object because only Kafka
-/// has topics to prepare.
-pub(super) enum AnySink {
-    Stdout(StdoutSink<std::io::Stdout>),
-    Kafka(Box<KafkaSink>),
-}
-
-impl AnySink {
-    /// The sink `[sink]` names. `keep_events`: a dead-letter topic can take refused
-    /// events, so the Kafka sink keeps each event until its delivery report.
-    pub(super) fn from_config(
-        config: &crate::config::Config,
-        notices: crate::sink::NoticeSender,
-        keep_events: bool,
-    ) -> Result<Self, SinkError> {
-        Ok(match config.sink.kind {
-            crate::config::SinkKind::Stdout => AnySink::Stdout(StdoutSink::stdout(notices)),
-            crate::config::SinkKind::Kafka => {
-                let kafka = config.kafka.as_ref().ok_or_else(|| {
-                    SinkError::KafkaSetup("[sink] type = \"kafka\" needs a [kafka] section".into())
-                })?;
-                AnySink::Kafka(Box::new(crate::sink::kafka::KafkaSink::new(
-                    kafka,
-                    notices,
-                    config.relay.max_in_flight,
-                    keep_events,
-                )?))
-            }
-        })
-    }
-
-    pub(super) fn sink(&mut self) -> &mut dyn Sink {
-        match self {
-            AnySink::Stdout(sink) => sink,
-            AnySink::Kafka(sink) => sink.as_mut(),
-        }
-    }
-
-    /// Make sure `topic` exists before streaming (the dead-letter topic).
-    pub(super) async fn ensure_topic(&mut self, topic: &str) -> Result<(), SinkError> {
-        match self {
-            AnySink::Stdout(_) => Ok(()),
-            AnySink::Kafka(sink) => sink.ensure_topic(topic).await,
-        }
-    }
-
-    /// Where `topic` stands; starts preparing it (off the loop) when first seen.
-    fn topic_status(&mut self, topic: &str) -> TopicStatus {
-        match self {
-            AnySink::Stdout(_) => TopicStatus::Ready,
-            AnySink::Kafka(sink) => sink.topic_status(topic),
-        }
-    }
-
-    fn topic_prepared(&mut self, topic: &str, outcome: &Result<(), SinkError>) {
-        if let AnySink::Kafka(sink) = self {
-            sink.topic_prepared(topic, outcome);
-        }
-    }
-}
-
 /// Counters for progress logs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Progress {
@@ -174,7 +111,7 @@ enum Place {
 
 pub(super) struct Pipeline {
     pub(super) conn: PgConnection,
-    pub(super) sink: AnySink,
+    pub(super) sink: Box<dyn Sink>,
     pub(super) notices: mpsc::UnboundedReceiver<SinkNotice>,
     pub(super) tracker: AckTracker,
     pub(super) assembler: TxnAssembler,
@@ -381,14 +318,14 @@ impl Pipeline {
                 }
                 if self.tracker.in_flight() >= self.max_in_flight || !self.waiting.is_empty() {
                     // About to stop reading: make sure what is buffered can be delivered.
-                    self.sink.sink().flush()?;
+                    self.sink.flush()?;
                 }
             }
             Step::Commit { seq, end_lsn } => {
                 self.tracker.commit(seq, end_lsn)?;
                 self.progress.transactions += 1;
                 Metrics::add(&self.metrics.transactions, 1);
-                self.sink.sink().flush()?;
+                self.sink.flush()?;
             }
             Step::Nothing => {}
         }
@@ -435,7 +372,7 @@ impl Pipeline {
                 self.refused(tag, Some(event), reason, false, Place::Front)?;
                 continue;
             }
-            match self.sink.sink().send(event, tag) {
+            match self.sink.send(event, tag) {
                 Ok(()) => {}
                 Err(SendError::QueueFull(event)) => {
                     self.waiting.push_front(Waiting { event: *event, tag });
@@ -578,23 +515,18 @@ impl Pipeline {
                 Place::Back,
             )?,
             SinkNotice::Retry { reason } => {
-                let reason = match &self.sink {
-                    AnySink::Kafka(kafka) => kafka.fatal_error().map_or(reason, |fatal| {
-                        format!("the producer failed for good: {fatal}")
-                    }),
-                    AnySink::Stdout(_) => reason,
-                };
+                let reason = self.sink.fatal_error().map_or(reason, |fatal| {
+                    format!("the producer failed for good: {fatal}")
+                });
                 return Err(RelayError::Sink(SinkError::KafkaRetry(reason)));
             }
             SinkNotice::Stop { reason } => {
                 return Err(RelayError::Sink(SinkError::KafkaStop(reason)))
             }
             SinkNotice::ClientError => {
-                if let AnySink::Kafka(kafka) = &self.sink {
-                    if let Some(reason) = kafka.fatal_error() {
-                        tracing::error!(reason = %reason, "fatal Kafka producer error: rebuilding the producer");
-                        return Err(RelayError::Sink(SinkError::KafkaFatal(reason)));
-                    }
+                if let Some(reason) = self.sink.fatal_error() {
+                    tracing::error!(reason = %reason, "fatal Kafka producer error: rebuilding the producer");
+                    return Err(RelayError::Sink(SinkError::KafkaFatal(reason)));
                 }
             }
             SinkNotice::Topic { topic, outcome } => {
@@ -618,7 +550,7 @@ impl Pipeline {
     }
 
     async fn send_status(&mut self, reply_requested: bool) -> Result<(), RelayError> {
-        self.sink.sink().flush()?;
+        self.sink.flush()?;
         self.take_ready_notices()?;
         let flush = self.tracker.flush_lsn();
         self.progress.flush_lsn = flush;
@@ -662,7 +594,7 @@ impl Pipeline {
     /// Graceful end: flush the sink, wait (bounded) for in-flight deliveries, and send
     /// a final status update with what is delivered.
     pub(super) async fn drain(&mut self, timeout: Duration) -> Result<(), RelayError> {
-        self.sink.sink().flush()?;
+        self.sink.flush()?;
         let deadline = tokio::time::Instant::now() + timeout;
         while self.tracker.in_flight() > 0 {
             self.pump()?;

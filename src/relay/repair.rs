@@ -11,30 +11,19 @@ use std::collections::HashSet;
 
 use tokio::sync::mpsc;
 
-use crate::config::Validated;
 use crate::pg::conn::{PgConnection, SessionKind};
 use crate::pg::pgoutput::{ColumnValue, RelationBody, RelationColumn, TupleData};
-use crate::pg::slot::{self, SetupError, SourceSpec};
+use crate::pg::slot::{self, SetupError};
 use crate::pg::sql::{quote_ident, quote_literal};
 use crate::pg::{state, Lsn};
 use crate::relay::ack::AckTracker;
-use crate::relay::pipeline::AnySink;
-use crate::relay::router::{EventContext, Router};
+use crate::relay::router::EventContext;
+use crate::relay::settings::Settings;
 use crate::relay::RelayError;
-use crate::sink::{RecordTag, SendError, SinkError, SinkNotice};
+use crate::sink::{RecordTag, SendError, SinkError, SinkNotice, SinkOptions};
 
 /// Rows fetched per cursor round trip.
 const BACKFILL_BATCH: usize = 1_000;
-
-fn spec(settings: &Validated) -> SourceSpec {
-    SourceSpec {
-        slot: settings.config.postgres.slot.clone(),
-        publication: settings.config.postgres.publication.clone(),
-        table: settings.table.clone(),
-        state_table: settings.state_table.clone(),
-        failover: settings.config.postgres.failover_slot,
-    }
-}
 
 fn definite(message: impl Into<String>) -> RelayError {
     RelayError::Setup(SetupError::Definite(message.into()))
@@ -52,11 +41,8 @@ pub struct CreatedSlot {
 /// Creates the slot. When the record says an earlier slot of that name was streamed
 /// from (so events between its last acknowledged position and now were never relayed),
 /// only with `accept_gap`; the gap is written to the record.
-pub async fn create_slot(
-    settings: &Validated,
-    accept_gap: bool,
-) -> Result<CreatedSlot, RelayError> {
-    let spec = spec(settings);
+pub async fn create_slot(settings: &Settings, accept_gap: bool) -> Result<CreatedSlot, RelayError> {
+    let spec = settings.source();
     let mut conn =
         PgConnection::connect(&settings.connect, SessionKind::LogicalReplication).await?;
     let exists = conn
@@ -131,19 +117,19 @@ pub struct BackfillReport {
 /// PostgreSQL understands), oldest first, through the configured sink, and waits until
 /// each is delivered.
 pub async fn backfill(
-    settings: &Validated,
+    settings: &Settings,
     since: &str,
     column: &str,
 ) -> Result<BackfillReport, RelayError> {
-    let config = &settings.config;
-    let router = Router::try_new(&config.outbox).map_err(|problems| {
-        RelayError::Config(crate::config::ConfigError::Invalid {
-            path: "[outbox]".into(),
-            problems,
-        })
-    })?;
+    let router = &settings.router;
     let (notice_tx, mut notices) = mpsc::unbounded_channel();
-    let mut sink = AnySink::from_config(config, notice_tx, false)?;
+    let mut sink = settings.sink.build(
+        notice_tx,
+        SinkOptions {
+            max_in_flight: settings.relay.max_in_flight,
+            keep_events: false,
+        },
+    )?;
 
     let mut conn = PgConnection::connect(&settings.connect, SessionKind::Sql).await?;
     conn.simple_query("BEGIN READ ONLY").await?;
@@ -169,7 +155,7 @@ pub async fn backfill(
     let mut tracker = AckTracker::new(Lsn::ZERO, 0);
     tracker.begin(0)?;
     let mut ready_topics: HashSet<String> = HashSet::new();
-    let max_in_flight = u64::try_from(config.relay.max_in_flight).unwrap_or(u64::MAX);
+    let max_in_flight = settings.relay.max_in_flight();
     loop {
         let batch = conn
             .simple_query(&format!("FETCH {BACKFILL_BATCH} FROM outbox_backfill"))
@@ -229,7 +215,7 @@ pub async fn backfill(
             };
             let mut pending = Some(event);
             while let Some(event) = pending.take() {
-                match sink.sink().send(event, tag) {
+                match sink.send(event, tag) {
                     Ok(()) => {}
                     Err(SendError::QueueFull(event)) => {
                         pending = Some(*event);
@@ -246,13 +232,13 @@ pub async fn backfill(
                 }
             }
             if tracker.in_flight() >= max_in_flight {
-                sink.sink().flush()?;
+                sink.flush()?;
                 settle(&mut notices, &mut tracker, &mut report, 1).await?;
             }
         }
     }
     conn.simple_query("COMMIT").await?;
-    sink.sink().flush()?;
+    sink.flush()?;
     let all = tracker.in_flight();
     settle(&mut notices, &mut tracker, &mut report, all).await?;
     Ok(report)

@@ -33,12 +33,13 @@
 //! - **Timestamp**: `outbox.timestamp_column` (a timestamptz, or a timestamp read as
 //!   UTC) when set and not NULL, else the transaction's commit time.
 
+pub mod config;
 mod pgtext;
 mod placement;
 
-use crate::config::OutboxConfig;
 use crate::pg::pgoutput::{ColumnValue, RelationBody, TupleData};
 use crate::pg::Lsn;
+use config::OutboxConfig;
 
 pub use crate::event::{EnvelopeField, Header, OutboxEvent, PayloadFormat};
 pub use pgtext::{parse_pg_timestamp_ms, row_as_json};
@@ -165,6 +166,10 @@ impl Router {
 
     /// The topic of every route-by value the regex matches, when the template uses
     /// none of its groups (a constant such as `"events"`).
+    pub fn key_column(&self) -> &str {
+        &self.key_column
+    }
+
     pub fn constant_topic(&self) -> Option<String> {
         self.topic.constant()
     }

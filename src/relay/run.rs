@@ -11,26 +11,25 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::config::Validated;
 use crate::metrics::Metrics;
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
-use crate::pg::slot::{self, SetupError, SourceSpec};
+use crate::pg::slot::{self, SetupError};
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
 use crate::relay::backoff::Backoff;
 use crate::relay::pipeline::{
-    receive_timeout, status_interval, stopped, AnySink, Pipeline, Progress, BACKOFF_RESET_AFTER,
-    CLOSE_WAIT,
+    receive_timeout, status_interval, stopped, Pipeline, Progress, BACKOFF_RESET_AFTER, CLOSE_WAIT,
 };
-use crate::relay::router::Router;
+use crate::relay::settings::Settings;
 use crate::relay::txn::TxnAssembler;
 use crate::relay::watch::{OutboxWatch, WatchTarget};
 use crate::relay::RelayError;
+use crate::sink::SinkOptions;
 
 /// Run the relay until `shutdown` resolves (graceful: `Ok`) or a definite error.
 /// Retryable errors restart the pipeline with capped, jittered backoff.
 pub async fn run(
-    settings: Validated,
+    settings: Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RelayError> {
     let (stop_tx, stop) = watch::channel(false);
@@ -39,7 +38,7 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let metrics = Metrics::new();
-    let _metrics_server = match &settings.config.metrics {
+    let _metrics_server = match &settings.metrics {
         Some(config) => {
             let listener = tokio::net::TcpListener::bind(&config.listen)
                 .await
@@ -111,25 +110,13 @@ impl Drop for AbortOnDrop {
 
 /// One attempt: connect, prepare, stream until shutdown (`Ok`) or an error.
 async fn run_attempt(
-    settings: &Validated,
+    settings: &Settings,
     mut stop: watch::Receiver<bool>,
     timeline: &mut Option<(String, u32)>,
     metrics: &Arc<Metrics>,
 ) -> Result<(), RelayError> {
-    let config = &settings.config;
-    let spec = SourceSpec {
-        slot: config.postgres.slot.clone(),
-        publication: config.postgres.publication.clone(),
-        table: settings.table.clone(),
-        state_table: settings.state_table.clone(),
-        failover: config.postgres.failover_slot,
-    };
-    let router = Router::try_new(&config.outbox).map_err(|problems| {
-        RelayError::Config(crate::config::ConfigError::Invalid {
-            path: "[outbox]".into(),
-            problems,
-        })
-    })?;
+    let postgres = &settings.postgres;
+    let spec = settings.source();
     let user = settings.connect.user.as_str();
     let explain = |error: PgError| RelayError::from(slot::explain_server_error(error, &spec, user));
     // Every wait before streaming honours a shutdown signal (a server that accepts and
@@ -176,8 +163,14 @@ async fn run_attempt(
     *timeline = Some((prepared.system_id.clone(), prepared.timeline));
 
     let (notice_tx, notices) = mpsc::unbounded_channel();
-    let dead_letter_topic = config.dead_letter.as_ref().map(|d| d.topic.clone());
-    let mut sink = AnySink::from_config(config, notice_tx, dead_letter_topic.is_some())?;
+    let dead_letter_topic = settings.dead_letter_topic.clone();
+    let mut sink = settings.sink.build(
+        notice_tx,
+        SinkOptions {
+            max_in_flight: settings.relay.max_in_flight,
+            keep_events: dead_letter_topic.is_some(),
+        },
+    )?;
     if let Some(topic) = &dead_letter_topic {
         // Fail fast: a dead-letter topic that cannot take records is a setup error.
         let Some(ready) = unless_stopped(&mut stop, sink.ensure_topic(topic)).await else {
@@ -208,14 +201,11 @@ async fn run_attempt(
     started.map_err(explain)?;
 
     let interval = status_interval(
-        Duration::from_millis(config.postgres.status_interval_ms),
+        Duration::from_millis(postgres.status_interval_ms),
         prepared.wal_sender_timeout,
     );
     let receive_timeout = receive_timeout(
-        config
-            .postgres
-            .receive_timeout_ms
-            .map(Duration::from_millis),
+        postgres.receive_timeout_ms.map(Duration::from_millis),
         prepared.wal_sender_timeout,
         interval,
     );
@@ -244,8 +234,13 @@ async fn run_attempt(
         sink,
         notices,
         tracker,
-        assembler: TxnAssembler::new(router, settings.table.clone(), prepared.outbox_oid, 0),
-        max_in_flight: u64::try_from(config.relay.max_in_flight).unwrap_or(u64::MAX),
+        assembler: TxnAssembler::new(
+            settings.router.clone(),
+            settings.table.clone(),
+            prepared.outbox_oid,
+            0,
+        ),
+        max_in_flight: settings.relay.max_in_flight(),
         dead_letter_topic,
         source_table: settings.table.to_string(),
         publication: spec.publication.clone(),
@@ -254,7 +249,7 @@ async fn run_attempt(
         logged: start,
         last_received: Instant::now(),
         receive_timeout,
-        stall_release: Duration::from_millis(config.relay.stall_release_ms),
+        stall_release: Duration::from_millis(settings.relay.stall_release_ms),
         metrics: Arc::clone(metrics),
         last_status_at: Instant::now(),
         last_reported: prepared.slot_lsn,

@@ -283,8 +283,8 @@ impl TxnAssembler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::OutboxConfig;
     use crate::pg::pgoutput::{ColumnValue, PgTimestamp, RelationColumn, TupleData};
+    use crate::relay::router::config::OutboxConfig;
 
     fn assembler() -> TxnAssembler {
         TxnAssembler::new(

@@ -33,7 +33,8 @@ use crate::sink::kafka_errors::{action, is_size_error, stop_hint, ErrorAction};
 use crate::sink::kafka_topics::illegal_topic_name;
 use crate::sink::kafka_topics::TopicPreparer;
 use crate::sink::{
-    DeliveryFailure, NoticeSender, RecordTag, SendError, Sink, SinkError, SinkNotice,
+    DeliveryFailure, NoticeSender, RecordTag, SendError, Sink, SinkError, SinkFuture, SinkNotice,
+    TopicStatus,
 };
 
 /// librdkafka's default `message.max.bytes`.
@@ -120,17 +121,6 @@ fn refusal_reason(
     }
 }
 
-/// Where a topic stands for the sink.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TopicStatus {
-    /// Records can be sent to it.
-    Ready,
-    /// Being created or checked; a [`SinkNotice::Topic`] follows.
-    Waiting,
-    /// Kafka refuses this topic for good (an illegal name): its events are dead letters.
-    Refused(String),
-}
-
 #[derive(Debug, Clone)]
 enum TopicState {
     Ready,
@@ -193,8 +183,8 @@ impl KafkaSink {
 
     /// Where `topic` stands; a topic seen for the first time is created (or checked) by
     /// a task whose outcome arrives as a [`SinkNotice::Topic`], to be handed to
-    /// [`KafkaSink::topic_prepared`].
-    pub fn topic_status(&mut self, topic: &str) -> TopicStatus {
+    /// [`Sink::topic_prepared`].
+    fn status_of(&mut self, topic: &str) -> TopicStatus {
         match self.topics.get(topic) {
             Some(TopicState::Ready) => return TopicStatus::Ready,
             Some(TopicState::Pending) => return TopicStatus::Waiting,
@@ -224,7 +214,7 @@ impl KafkaSink {
     }
 
     /// Record the outcome of a topic task.
-    pub fn topic_prepared(&mut self, topic: &str, outcome: &Result<(), SinkError>) {
+    fn record_prepared(&mut self, topic: &str, outcome: &Result<(), SinkError>) {
         match outcome {
             Ok(()) => {
                 self.topics.insert(topic.to_owned(), TopicState::Ready);
@@ -242,7 +232,7 @@ impl KafkaSink {
 
     /// Make sure `topic` exists, creating it when allowed, waiting for the answer (for
     /// the dead-letter topic, before streaming starts).
-    pub async fn ensure_topic(&mut self, topic: &str) -> Result<(), SinkError> {
+    async fn prepare_now(&mut self, topic: &str) -> Result<(), SinkError> {
         if let Some(reason) = illegal_topic_name(topic) {
             return Err(SinkError::Topic {
                 topic: topic.to_owned(),
@@ -255,7 +245,7 @@ impl KafkaSink {
     }
 
     /// The producer's fatal error, if it has one.
-    pub fn fatal_error(&self) -> Option<String> {
+    fn producer_fatal_error(&self) -> Option<String> {
         self.producer
             .client()
             .fatal_error()
@@ -309,7 +299,7 @@ impl Sink for KafkaSink {
         }
         match action(code) {
             ErrorAction::Retry => {
-                let reason = match self.fatal_error() {
+                let reason = match self.producer_fatal_error() {
                     Some(fatal) => format!("the producer failed for good: {fatal}"),
                     None => format!("a record for {place} was not accepted: {error}"),
                 };
@@ -342,6 +332,22 @@ impl Sink for KafkaSink {
     fn flush(&mut self) -> Result<(), SinkError> {
         // librdkafka sends on its own (linger.ms); reports come from its thread.
         Ok(())
+    }
+
+    fn topic_status(&mut self, topic: &str) -> TopicStatus {
+        self.status_of(topic)
+    }
+
+    fn topic_prepared(&mut self, topic: &str, outcome: &Result<(), SinkError>) {
+        self.record_prepared(topic, outcome);
+    }
+
+    fn ensure_topic<'a>(&'a mut self, topic: &'a str) -> SinkFuture<'a, Result<(), SinkError>> {
+        Box::pin(self.prepare_now(topic))
+    }
+
+    fn fatal_error(&self) -> Option<String> {
+        self.producer_fatal_error()
     }
 }
 

@@ -36,6 +36,27 @@ pub struct KafkaConfig {
     pub properties: std::collections::BTreeMap<String, String>,
 }
 
+impl KafkaConfig {
+    /// Every problem of the section, each with its key path.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.brokers.trim().is_empty() {
+            problems.push("kafka.brokers: must not be empty".into());
+        }
+        if self.topic_partitions == 0 || self.topic_partitions < -1 {
+            problems
+                .push("kafka.topic_partitions: must be -1 (broker default) or at least 1".into());
+        }
+        if self.topic_replication_factor == 0 || self.topic_replication_factor < -1 {
+            problems.push(
+                "kafka.topic_replication_factor: must be -1 (broker default) or at least 1".into(),
+            );
+        }
+        problems.extend(check_properties(&self.properties));
+        problems
+    }
+}
+
 /// Partitions of topics the relay creates: one keeps a single total order per topic,
 /// which suits small deployments and the test broker; raise it for throughput.
 pub const DEFAULT_TOPIC_PARTITIONS: i32 = 1;

@@ -11,10 +11,102 @@ pub mod kafka_errors;
 pub mod kafka_topics;
 pub mod stdout;
 
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::Deserialize;
 use tokio::sync::mpsc;
 
 pub use crate::event::TxnSeq;
 use crate::event::{OutboxEvent, Ticket};
+use kafka_config::KafkaConfig;
+
+/// `[sink]`: where events go.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SinkConfig {
+    #[serde(rename = "type", default)]
+    pub kind: SinkKind,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// One JSON line per event on stdout: the embedded default, no Kafka needed.
+    #[default]
+    Stdout,
+    /// Kafka through librdkafka: idempotent producer, `acks=all`; needs `[kafka]`.
+    Kafka,
+}
+
+/// What the relay asks of a sink it builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SinkOptions {
+    /// Events in flight at most (sizes the producer queue).
+    pub max_in_flight: usize,
+    /// Keep each event until its report, so a refused one can go to the dead-letter
+    /// topic.
+    pub keep_events: bool,
+}
+
+/// Builds a sink for each pipeline attempt.
+pub type MakeSink =
+    Arc<dyn Fn(NoticeSender, SinkOptions) -> Result<Box<dyn Sink>, SinkError> + Send + Sync>;
+
+/// The sink a configuration chose, ready to build once per attempt.
+#[derive(Clone)]
+pub enum SinkSpec {
+    Stdout,
+    Kafka(KafkaConfig),
+    /// A sink from outside this crate (tests use an in-memory one).
+    Custom(MakeSink),
+}
+
+impl fmt::Debug for SinkSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SinkSpec::Stdout => f.write_str("Stdout"),
+            SinkSpec::Kafka(kafka) => f.debug_tuple("Kafka").field(kafka).finish(),
+            SinkSpec::Custom(_) => f.write_str("Custom"),
+        }
+    }
+}
+
+impl SinkSpec {
+    /// A new sink sending its notices to `notices`.
+    pub fn build(
+        &self,
+        notices: NoticeSender,
+        options: SinkOptions,
+    ) -> Result<Box<dyn Sink>, SinkError> {
+        Ok(match self {
+            SinkSpec::Stdout => Box::new(stdout::StdoutSink::stdout(notices)),
+            SinkSpec::Kafka(kafka) => Box::new(kafka::KafkaSink::new(
+                kafka,
+                notices,
+                options.max_in_flight,
+                options.keep_events,
+            )?),
+            SinkSpec::Custom(make) => make(notices, options)?,
+        })
+    }
+}
+
+/// Where a topic stands for a sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopicStatus {
+    /// Records can be sent to it.
+    Ready,
+    /// Being created or checked; a [`SinkNotice::Topic`] follows.
+    Waiting,
+    /// Refused for good (an illegal name): its events are dead letters.
+    Refused(String),
+}
+
+/// A future a sink returns from a trait method (the trait stays object safe).
+pub type SinkFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Travels with a record through the sink and back in its notice: which undelivered
 /// event of the ack tracker it settles, and whether it is a dead-letter record (whose
@@ -45,7 +137,7 @@ pub enum SinkNotice {
     /// The client reported an error; it may have become fatal (librdkafka does not
     /// flag fatal errors in its error callback, so the pipeline asks the client).
     ClientError,
-    /// A topic requested with `KafkaSink::request_topic` is ready, or why not.
+    /// A topic [`Sink::topic_status`] was preparing is ready, or why not.
     Topic {
         topic: String,
         outcome: Result<(), SinkError>,
@@ -109,7 +201,7 @@ pub enum SinkError {
     TopicUnavailable { topic: String, reason: String },
 }
 
-/// Where events go.
+/// Where events go. The pipeline knows a sink only through this trait.
 pub trait Sink: Send {
     /// Hand one record over. Its notice, carrying `tag`, arrives later on the notice
     /// channel.
@@ -118,4 +210,28 @@ pub trait Sink: Send {
     /// Push out anything buffered (called at transaction ends, before status updates
     /// and at shutdown) so its notices can follow.
     fn flush(&mut self) -> Result<(), SinkError>;
+
+    /// Whether records for `topic` can be sent now. A sink that must prepare topics
+    /// starts doing so when it first sees one (without blocking) and answers
+    /// [`TopicStatus::Waiting`]; a [`SinkNotice::Topic`] follows, which the pipeline
+    /// hands back through [`Sink::topic_prepared`]. Sinks without topics: always ready.
+    fn topic_status(&mut self, _topic: &str) -> TopicStatus {
+        TopicStatus::Ready
+    }
+
+    /// The outcome of a topic [`Sink::topic_status`] was preparing.
+    fn topic_prepared(&mut self, _topic: &str, _outcome: &Result<(), SinkError>) {}
+
+    /// Make sure `topic` can take records, waiting for the answer (the dead-letter
+    /// topic, before streaming starts).
+    fn ensure_topic<'a>(&'a mut self, _topic: &'a str) -> SinkFuture<'a, Result<(), SinkError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Why the sink cannot go on, when it has failed for good (a fatal idempotent
+    /// producer error: librdkafka does not flag those in its error callback, so the
+    /// pipeline asks after a [`SinkNotice::ClientError`] or a retry).
+    fn fatal_error(&self) -> Option<String> {
+        None
+    }
 }

@@ -1,0 +1,133 @@
+//! The PostgreSQL side's section of the configuration, `[postgres]`: where to connect,
+//! which slot and publication to stream from, and the liveness bounds of the
+//! replication connection. [`PostgresConfig::check`] turns it into the connection
+//! parameters; the composed configuration ([`crate::config`]) keeps the result.
+
+use serde::Deserialize;
+
+use super::sql::QualifiedName;
+use super::state::DEFAULT_STATE_TABLE;
+use super::url::{ConnectParams, Secret};
+
+/// Slot and publication names when none are configured.
+pub const DEFAULT_SLOT: &str = "outbox_relay";
+pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
+/// Upper bound of the status update interval; the actual interval is also kept under a
+/// third of the server's `wal_sender_timeout`.
+pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 10_000;
+/// PostgreSQL's limit on identifiers (NAMEDATALEN - 1), slot names included.
+const MAX_SLOT_NAME_BYTES: usize = 63;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresConfig {
+    /// libpq URI; the password may also come from the `PGPASSWORD` environment variable.
+    pub url: Secret,
+    #[serde(default = "default_slot")]
+    pub slot: String,
+    #[serde(default = "default_publication")]
+    pub publication: String,
+    /// Upper bound of the standby status update interval.
+    #[serde(default = "default_status_interval_ms")]
+    pub status_interval_ms: u64,
+    /// Reconnect when nothing arrives from PostgreSQL for this long although it was
+    /// asked to reply; unset = the server's `wal_sender_timeout` (60 s when disabled).
+    #[serde(default)]
+    pub receive_timeout_ms: Option<u64>,
+    /// The table where the relay records its slot (that it streamed from it, and the
+    /// last acknowledged position), so a lost slot is never silently replaced. Default:
+    /// `outbox_relay_state` in the outbox's schema.
+    #[serde(default)]
+    pub state_table: Option<String>,
+    /// Create the slot as a failover slot (PostgreSQL 17+: synchronised to standbys
+    /// with `sync_replication_slots`, so a promoted standby has it). Ignored before 17.
+    #[serde(default = "default_true")]
+    pub failover_slot: bool,
+}
+
+impl PostgresConfig {
+    /// Check the section against the outbox `table` it streams (the state table's
+    /// default schema), the password taken from the environment when the URL has none.
+    /// Every problem comes back, each with its key path.
+    pub fn check(
+        &self,
+        table: Option<&QualifiedName>,
+        env_password: Option<String>,
+    ) -> Result<(ConnectParams, QualifiedName), Vec<String>> {
+        let mut problems = Vec::new();
+        let connect = match ConnectParams::from_url(self.url.expose()) {
+            Ok(mut params) => {
+                if params.password.is_none() {
+                    params.password = env_password.map(Secret::new);
+                }
+                Some(params)
+            }
+            Err(e) => {
+                problems.push(format!("postgres.url: {e}"));
+                None
+            }
+        };
+        for (path, value) in [
+            ("postgres.slot", &self.slot),
+            ("postgres.publication", &self.publication),
+        ] {
+            if value.is_empty() {
+                problems.push(format!("{path}: must not be empty"));
+            }
+        }
+        // Slot names are restricted by PostgreSQL itself; say so before it does.
+        if !self
+            .slot
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            problems.push(format!(
+                "postgres.slot: {:?} may contain only lower case letters, digits and underscores",
+                self.slot
+            ));
+        }
+        if self.slot.len() > MAX_SLOT_NAME_BYTES {
+            problems.push(format!(
+                "postgres.slot: longer than {MAX_SLOT_NAME_BYTES} bytes"
+            ));
+        }
+        if self.status_interval_ms == 0 {
+            problems.push("postgres.status_interval_ms: must be greater than 0".into());
+        }
+        if self.receive_timeout_ms == Some(0) {
+            problems.push("postgres.receive_timeout_ms: must be greater than 0".into());
+        }
+        let state_table = match (&self.state_table, table) {
+            (Some(name), _) => QualifiedName::parse(name)
+                .map_err(|e| problems.push(format!("postgres.state_table: {e}")))
+                .ok(),
+            (None, Some(table)) => Some(QualifiedName {
+                schema: table.schema.clone(),
+                name: DEFAULT_STATE_TABLE.to_owned(),
+            }),
+            (None, None) => None,
+        };
+        if let (Some(state_table), Some(table)) = (&state_table, table) {
+            if state_table == table {
+                problems.push("postgres.state_table: must not be the outbox table".into());
+            }
+        }
+        match (connect, state_table) {
+            (Some(connect), Some(state_table)) if problems.is_empty() => Ok((connect, state_table)),
+            _ => Err(problems),
+        }
+    }
+}
+
+fn default_slot() -> String {
+    DEFAULT_SLOT.into()
+}
+fn default_publication() -> String {
+    DEFAULT_PUBLICATION.into()
+}
+fn default_status_interval_ms() -> u64 {
+    DEFAULT_STATUS_INTERVAL_MS
+}
+fn default_true() -> bool {
+    true
+}

@@ -1,0 +1,160 @@
+//! The router's section of the configuration, `[outbox]`: which table is the outbox,
+//! which of its columns carry what, and how the topic is named. Defaults are
+//! Debezium's Outbox Event Router's, so a team can switch relays without touching
+//! consumers. [`OutboxConfig::build`] checks the section and builds the [`Router`]
+//! once; the composed configuration ([`crate::config`]) keeps the result.
+
+use serde::Deserialize;
+
+use super::Router;
+use crate::pg::sql::QualifiedName;
+
+/// Debezium's default outbox table and columns.
+pub const DEFAULT_TABLE: &str = "public.outbox";
+pub const DEFAULT_ID_COLUMN: &str = "id";
+pub const DEFAULT_ROUTE_BY_COLUMN: &str = "aggregatetype";
+pub const DEFAULT_TYPE_COLUMN: &str = "type";
+pub const DEFAULT_PAYLOAD_COLUMN: &str = "payload";
+/// Debezium's default topic template.
+pub const DEFAULT_TOPIC: &str = "outbox.event.${routedByValue}";
+/// Debezium's default `route.topic.regex`: the whole route-by value.
+pub const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxConfig {
+    #[serde(default = "default_table")]
+    pub table: String,
+    #[serde(default = "default_id_column")]
+    pub id_column: String,
+    /// Column whose value becomes the record key; Debezium's default would be `aggregateid`.
+    #[serde(default = "default_id_column")]
+    pub key_column: String,
+    #[serde(default = "default_route_by_column")]
+    pub route_by_column: String,
+    #[serde(default = "default_type_column")]
+    pub type_column: String,
+    #[serde(default = "default_payload_column")]
+    pub payload_column: String,
+    /// Column giving the record timestamp; the transaction's commit time when unset.
+    #[serde(default)]
+    pub timestamp_column: Option<String>,
+    /// Topic template; `${routedByValue}` is replaced by the route-by column's value
+    /// (or by the named group `routedByValue` of `topic_regex`).
+    #[serde(default = "default_topic")]
+    pub topic: String,
+    /// Debezium's `route.topic.regex`, applied to the route-by value.
+    #[serde(default = "default_topic_regex")]
+    pub topic_regex: String,
+    /// Extra columns, as Debezium's `table.fields.additional.placement`:
+    /// `"column:header[:alias]"`, `"column:envelope[:alias]"` or `"column:partition"`.
+    #[serde(default)]
+    pub additional: Vec<String>,
+    /// A NULL or empty payload becomes a tombstone (null value).
+    #[serde(default)]
+    pub tombstone_on_empty_payload: bool,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        OutboxConfig {
+            table: default_table(),
+            id_column: default_id_column(),
+            key_column: default_id_column(),
+            route_by_column: default_route_by_column(),
+            type_column: default_type_column(),
+            payload_column: default_payload_column(),
+            timestamp_column: None,
+            topic: default_topic(),
+            topic_regex: default_topic_regex(),
+            additional: Vec::new(),
+            tombstone_on_empty_payload: false,
+        }
+    }
+}
+
+/// The checked `[outbox]` section: the outbox table's name and the router built from it.
+#[derive(Debug, Clone)]
+pub struct OutboxSettings {
+    pub table: QualifiedName,
+    pub router: Router,
+}
+
+impl OutboxConfig {
+    /// Check the section and build its router; every problem, each with its key path.
+    pub fn build(&self) -> Result<OutboxSettings, Vec<String>> {
+        let mut problems = Vec::new();
+        let table = QualifiedName::parse(&self.table)
+            .map_err(|e| problems.push(format!("outbox.table: {e}")))
+            .ok();
+        for (path, value) in [
+            ("outbox.id_column", &self.id_column),
+            ("outbox.key_column", &self.key_column),
+            ("outbox.route_by_column", &self.route_by_column),
+            ("outbox.type_column", &self.type_column),
+            ("outbox.payload_column", &self.payload_column),
+            ("outbox.topic", &self.topic),
+        ] {
+            if value.is_empty() {
+                problems.push(format!("{path}: must not be empty"));
+            }
+        }
+        let router = Router::try_new(self)
+            .map_err(|router_problems| problems.extend(router_problems))
+            .ok();
+        match (table, router) {
+            (Some(table), Some(router)) if problems.is_empty() => {
+                Ok(OutboxSettings { table, router })
+            }
+            _ => Err(problems),
+        }
+    }
+}
+
+fn default_table() -> String {
+    DEFAULT_TABLE.into()
+}
+fn default_id_column() -> String {
+    DEFAULT_ID_COLUMN.into()
+}
+fn default_route_by_column() -> String {
+    DEFAULT_ROUTE_BY_COLUMN.into()
+}
+fn default_type_column() -> String {
+    DEFAULT_TYPE_COLUMN.into()
+}
+fn default_payload_column() -> String {
+    DEFAULT_PAYLOAD_COLUMN.into()
+}
+fn default_topic() -> String {
+    DEFAULT_TOPIC.into()
+}
+fn default_topic_regex() -> String {
+    DEFAULT_TOPIC_REGEX.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_build_debeziums_router() {
+        let built = OutboxConfig::default().build().unwrap();
+        assert_eq!(built.table, QualifiedName::parse(DEFAULT_TABLE).unwrap());
+        assert_eq!(built.router.constant_topic(), None);
+    }
+
+    #[test]
+    fn every_problem_comes_back_with_its_path() {
+        let config = OutboxConfig {
+            table: "a.b.c".into(),
+            id_column: String::new(),
+            topic_regex: "(".into(),
+            ..OutboxConfig::default()
+        };
+        let all = config.build().unwrap_err().join("\n");
+        for path in ["outbox.table", "outbox.id_column", "outbox.topic_regex"] {
+            assert!(all.contains(path), "missing {path} in {all}");
+        }
+    }
+}

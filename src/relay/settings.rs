@@ -1,0 +1,134 @@
+//! The relay's own sections of the configuration (`[relay]`, `[dead_letter]`) and
+//! [`Settings`]: everything a run needs, checked and built once. The configuration
+//! file is composed and validated by [`crate::config`], which produces these; the relay
+//! knows nothing of the file.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::metrics::MetricsConfig;
+use crate::pg::config::PostgresConfig;
+use crate::pg::slot::SourceSpec;
+use crate::pg::sql::QualifiedName;
+use crate::pg::url::ConnectParams;
+use crate::relay::router::Router;
+use crate::sink::SinkSpec;
+
+/// Events handed to the sink but not yet confirmed, before reading pauses. Bounds memory
+/// whatever the transaction size; large enough to keep a Kafka producer's batches full.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 100_000;
+/// How long a graceful shutdown waits for in-flight deliveries.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
+/// A sink with events in flight and no confirmation for this long releases the
+/// replication connection, so a dead broker cannot hold PostgreSQL's shutdown for long.
+pub const DEFAULT_STALL_RELEASE_MS: u64 = 60_000;
+
+/// `[relay]`: flow control and shutdown.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    #[serde(default = "default_shutdown_timeout_ms")]
+    pub shutdown_timeout_ms: u64,
+    /// With events in flight and no delivery confirmed for this long, let the
+    /// replication connection go (and reconnect): PostgreSQL's shutdown waits for the
+    /// acknowledgements a stalled sink cannot give.
+    #[serde(default = "default_stall_release_ms")]
+    pub stall_release_ms: u64,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
+            stall_release_ms: DEFAULT_STALL_RELEASE_MS,
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Every problem of the section, each with its key path.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.stall_release_ms == 0 {
+            problems.push("relay.stall_release_ms: must be greater than 0".into());
+        }
+        if self.max_in_flight == 0 {
+            problems.push("relay.max_in_flight: must be greater than 0".into());
+        }
+        problems
+    }
+
+    /// `max_in_flight` as the tracker counts.
+    pub fn max_in_flight(&self) -> u64 {
+        u64::try_from(self.max_in_flight).unwrap_or(u64::MAX)
+    }
+}
+
+/// `[dead_letter]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterConfig {
+    /// Topic for events that cannot be delivered as they are; they are acknowledged
+    /// once the dead-letter record is delivered.
+    pub topic: String,
+}
+
+impl DeadLetterConfig {
+    /// Every problem of the section, each with its key path.
+    pub fn problems(&self) -> Vec<String> {
+        if self.topic.is_empty() {
+            vec!["dead_letter.topic: must not be empty".into()]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+/// A checked configuration, with what it takes built once (the router, the connection
+/// parameters, the table names).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub postgres: PostgresConfig,
+    pub connect: ConnectParams,
+    /// The outbox table.
+    pub table: QualifiedName,
+    /// Where the relay records its slot ([`crate::pg::state`]).
+    pub state_table: QualifiedName,
+    pub router: Router,
+    pub sink: SinkSpec,
+    /// The dead-letter topic, when one is configured.
+    pub dead_letter_topic: Option<String>,
+    pub relay: RelayConfig,
+    pub metrics: Option<MetricsConfig>,
+}
+
+impl Settings {
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.relay.shutdown_timeout_ms)
+    }
+
+    /// What the PostgreSQL side streams from.
+    pub fn source(&self) -> SourceSpec {
+        SourceSpec {
+            slot: self.postgres.slot.clone(),
+            publication: self.postgres.publication.clone(),
+            table: self.table.clone(),
+            state_table: self.state_table.clone(),
+            failover: self.postgres.failover_slot,
+        }
+    }
+}
+
+fn default_max_in_flight() -> usize {
+    DEFAULT_MAX_IN_FLIGHT
+}
+fn default_stall_release_ms() -> u64 {
+    DEFAULT_STALL_RELEASE_MS
+}
+fn default_shutdown_timeout_ms() -> u64 {
+    DEFAULT_SHUTDOWN_TIMEOUT_MS
+}
