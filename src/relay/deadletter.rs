@@ -111,9 +111,104 @@ impl DeadLetter {
     }
 }
 
+/// What to do about a record the sink refused for a reason of its own (too large,
+/// malformed, a topic Kafka refuses): the dead-letter policy, pure.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    /// Settle the event through a dead-letter record for it.
+    DeadLetter(OutboxEvent),
+    /// The dead-letter record itself was too large: send it again without its value
+    /// (same ticket: it still settles its event).
+    ResendWithoutValue(OutboxEvent),
+    /// Stop without acknowledging: the dead-letter topic refused its record.
+    StopDeadLetterRefused,
+    /// Stop without acknowledging: no dead-letter topic is configured to take the event.
+    StopNoDeadLetterTopic(Option<OutboxEvent>),
+}
+
+/// The policy: an event goes to the dead-letter topic when one is configured; a
+/// dead-letter record is retried once without its value when it was too large, and
+/// otherwise stops the relay (a dead letter is never dropped).
+pub fn on_refusal(
+    record_is_dead_letter: bool,
+    record: Option<OutboxEvent>,
+    reason: &str,
+    too_large: bool,
+    dead_letter_configured: bool,
+) -> Refusal {
+    if record_is_dead_letter {
+        return match record {
+            Some(record) if too_large => DeadLetter::without_value(&record, reason)
+                .map_or(Refusal::StopDeadLetterRefused, Refusal::ResendWithoutValue),
+            _ => Refusal::StopDeadLetterRefused,
+        };
+    }
+    match record {
+        Some(event) if dead_letter_configured => Refusal::DeadLetter(event),
+        other => Refusal::StopNoDeadLetterTopic(other),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event(value: Option<&str>) -> OutboxEvent {
+        DeadLetter {
+            reason: "r".into(),
+            source_table: "public.outbox".into(),
+            source_lsn: Lsn(7),
+            original_topic: None,
+            key: Some("k".into()),
+            headers: Vec::new(),
+            value: value.map(|v| v.as_bytes().to_vec()),
+            timestamp_ms: 0,
+        }
+        .into_event("t")
+    }
+
+    #[test]
+    fn a_refused_event_goes_to_the_dead_letter_topic_or_stops_the_relay() {
+        assert_eq!(
+            on_refusal(false, Some(event(Some("v"))), "bad", false, true),
+            Refusal::DeadLetter(event(Some("v")))
+        );
+        assert_eq!(
+            on_refusal(false, Some(event(Some("v"))), "bad", true, false),
+            Refusal::StopNoDeadLetterTopic(Some(event(Some("v"))))
+        );
+        assert_eq!(
+            on_refusal(false, None, "bad", false, true),
+            Refusal::StopNoDeadLetterTopic(None)
+        );
+    }
+
+    #[test]
+    fn a_refused_dead_letter_is_resent_bare_only_when_too_large() {
+        let Refusal::ResendWithoutValue(bare) =
+            on_refusal(true, Some(event(Some("v"))), "too big", true, true)
+        else {
+            panic!("a too-large dead letter goes again without its value");
+        };
+        assert_eq!(bare.value(), None);
+        assert!(bare
+            .headers
+            .iter()
+            .any(|h| h.name == HEADER_VALUE_DROPPED && h.value.as_deref() == Some("too big")));
+        // Refused for another reason, or with no value left to drop: stop, never drop it.
+        assert_eq!(
+            on_refusal(true, Some(event(Some("v"))), "invalid", false, true),
+            Refusal::StopDeadLetterRefused
+        );
+        assert_eq!(
+            on_refusal(true, Some(event(None)), "too big", true, true),
+            Refusal::StopDeadLetterRefused
+        );
+        assert_eq!(
+            on_refusal(true, None, "too big", true, true),
+            Refusal::StopDeadLetterRefused
+        );
+    }
 
     #[test]
     fn dead_letter_record_carries_reason_and_source() {

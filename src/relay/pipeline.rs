@@ -34,49 +34,19 @@ use crate::pg::replication::{ReplicationFrame, StandbyStatusUpdate};
 use crate::pg::slot;
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
-use crate::relay::deadletter::DeadLetter;
+use crate::relay::deadletter::{self, DeadLetter, Refusal};
 use crate::relay::feedback::{feedback, Feedback};
+use crate::relay::liveness::{Liveness, TickInput};
 use crate::relay::router::OutboxEvent;
 use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
 use crate::relay::watch::{OutboxWatch, WatchReport};
 use crate::relay::RelayError;
 use crate::sink::{RecordTag, SendError, Sink, SinkError, SinkNotice, TopicStatus, TxnSeq};
 
-/// Status updates never less often than this fraction of `wal_sender_timeout`.
-const STATUS_FRACTION_OF_TIMEOUT: u32 = 3;
-/// Floor of the status interval, so a tiny `wal_sender_timeout` cannot make us spin.
-const MIN_STATUS_INTERVAL: Duration = Duration::from_millis(100);
 /// How long closing the connection politely may take at shutdown.
 pub(super) const CLOSE_WAIT: Duration = Duration::from_secs(2);
-/// Silence allowed when the server has no `wal_sender_timeout` to go by.
-const DEFAULT_RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// An attempt that ran this long resets the backoff: the fault was not persistent.
 pub(super) const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
-
-/// The status update interval: the configured bound, kept under a third of the
-/// server's `wal_sender_timeout` (0 = disabled on the server).
-pub fn status_interval(configured: Duration, wal_sender_timeout: Option<Duration>) -> Duration {
-    let interval = match wal_sender_timeout {
-        Some(timeout) if !timeout.is_zero() => configured.min(timeout / STATUS_FRACTION_OF_TIMEOUT),
-        _ => configured,
-    };
-    interval.max(MIN_STATUS_INTERVAL)
-}
-
-/// How long PostgreSQL may stay silent, although asked to reply, before the link is
-/// taken for dead: the configured value, else the server's `wal_sender_timeout` (the
-/// server gives up on us after as long), never less than three status intervals.
-pub fn receive_timeout(
-    configured: Option<Duration>,
-    wal_sender_timeout: Option<Duration>,
-    interval: Duration,
-) -> Duration {
-    let derived = match wal_sender_timeout {
-        Some(timeout) if !timeout.is_zero() => timeout,
-        _ => DEFAULT_RECEIVE_TIMEOUT,
-    };
-    configured.unwrap_or(derived).max(interval * 3)
-}
 
 /// Resolves once shutdown was requested.
 pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
@@ -127,10 +97,8 @@ pub(super) struct Pipeline {
     pub(super) waiting: VecDeque<Waiting>,
     pub(super) progress: Progress,
     pub(super) logged: Progress,
-    /// When the last message arrived from PostgreSQL (while reading).
-    pub(super) last_received: Instant,
-    pub(super) receive_timeout: Duration,
-    pub(super) stall_release: Duration,
+    /// When PostgreSQL, the watch or the sink is taken for dead.
+    pub(super) liveness: Liveness,
     pub(super) metrics: Arc<Metrics>,
     /// When the last status update went out, and the flush position it carried.
     pub(super) last_status_at: Instant,
@@ -184,12 +152,12 @@ impl Pipeline {
                         self.last_recorded = self.last_reported;
                     }
                     self.pump()?;
-                    let probe = self.check_liveness(reading, interval)?;
+                    let probe = self.check_liveness(reading)?;
                     self.send_status(probe).await?;
                     self.log_progress();
                 }
                 event = self.conn.next_copy_event(), if reading => {
-                    self.last_received = Instant::now();
+                    self.liveness.received(Instant::now());
                     match event? {
                         CopyEvent::Frame(ReplicationFrame::XLogData(xlog)) => {
                             let message = pgoutput::decode(&xlog.data, StreamState::Outside)?;
@@ -264,37 +232,24 @@ impl Pipeline {
         }
     }
 
-    /// Called on every status tick. Fails when PostgreSQL went silent although asked to
-    /// reply, or when the oldest undelivered event has waited longer than
-    /// `stall_release` (a dead broker, or one stuck partition while others deliver);
-    /// returns whether this status update should ask PostgreSQL for a reply.
-    fn check_liveness(&mut self, reading: bool, interval: Duration) -> Result<bool, RelayError> {
+    /// Called on every status tick ([`Liveness::tick`]); returns whether this status
+    /// update should ask PostgreSQL for a reply.
+    fn check_liveness(&mut self, reading: bool) -> Result<bool, RelayError> {
         let now = Instant::now();
-        if !reading {
-            // Nothing is read while paused, so silence proves nothing.
-            self.last_received = now;
-        }
-        let silent = now.duration_since(self.last_received);
-        if silent > self.receive_timeout {
-            return Err(RelayError::Silent {
-                secs: silent.as_secs(),
-            });
-        }
-        let watch_waiting = self.watch.waiting_for(now);
-        if watch_waiting > self.receive_timeout {
-            return Err(RelayError::WatchSilent {
-                secs: watch_waiting.as_secs(),
-            });
-        }
-        let oldest = self.tracker.oldest_undelivered_age(now).unwrap_or_default();
-        Metrics::set(&self.metrics.oldest_undelivered_seconds, oldest.as_secs());
-        if oldest > self.stall_release {
-            return Err(RelayError::SinkStalled {
-                secs: oldest.as_secs(),
+        let oldest_undelivered = self.tracker.oldest_undelivered_age(now);
+        Metrics::set(
+            &self.metrics.oldest_undelivered_seconds,
+            oldest_undelivered.unwrap_or_default().as_secs(),
+        );
+        self.liveness.tick(
+            now,
+            TickInput {
+                reading,
+                watch_waiting: self.watch.waiting_for(now),
+                oldest_undelivered,
                 in_flight: self.tracker.in_flight(),
-            });
-        }
-        Ok(reading && silent >= interval)
+            },
+        )
     }
 
     /// A notice in the middle of the stream is logged; one saying that PostgreSQL skips
@@ -409,22 +364,29 @@ impl Pipeline {
         too_large: bool,
         place: Place,
     ) -> Result<(), RelayError> {
-        if tag.dead_letter {
-            let bare = match &event {
-                Some(record) if too_large => DeadLetter::without_value(record, &reason),
-                _ => None,
-            };
-            let Some(bare) = bare else {
-                return Err(RelayError::DeadLetterRefused(reason));
-            };
-            tracing::warn!(reason = %reason, "dead-letter record too large; sending it without its value (header value.dropped says why)");
-            // Same ticket: the record is still the one that settles its event.
-            self.push(Waiting { event: bare, tag }, place);
-            return Ok(());
-        }
-        match event {
-            Some(event) => self.dead_letter_event(tag, &event, reason, place),
-            None => Err(RelayError::RefusedWithoutDeadLetter { reason }),
+        let policy = deadletter::on_refusal(
+            tag.dead_letter,
+            event,
+            &reason,
+            too_large,
+            self.dead_letter_topic.is_some(),
+        );
+        match policy {
+            Refusal::DeadLetter(event) => self.dead_letter_event(tag, &event, reason, place),
+            Refusal::ResendWithoutValue(bare) => {
+                tracing::warn!(reason = %reason, "dead-letter record too large; sending it without its value (header value.dropped says why)");
+                self.push(Waiting { event: bare, tag }, place);
+                Ok(())
+            }
+            Refusal::StopDeadLetterRefused => Err(RelayError::DeadLetterRefused(reason)),
+            Refusal::StopNoDeadLetterTopic(Some(event)) => Err(RelayError::Undeliverable {
+                topic: event.topic,
+                lsn: event.lsn,
+                reason,
+            }),
+            Refusal::StopNoDeadLetterTopic(None) => {
+                Err(RelayError::RefusedWithoutDeadLetter { reason })
+            }
         }
     }
 
@@ -640,43 +602,4 @@ fn now_pg() -> PgTimestamp {
         .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
         .unwrap_or(0);
     PgTimestamp(micros - 946_684_800_000_000)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn receive_timeout_follows_the_server_and_covers_three_intervals() {
-        let second = Duration::from_secs(1);
-        assert_eq!(
-            receive_timeout(None, Some(60 * second), 10 * second),
-            60 * second
-        );
-        assert_eq!(
-            receive_timeout(None, Some(Duration::ZERO), 10 * second),
-            DEFAULT_RECEIVE_TIMEOUT
-        );
-        assert_eq!(
-            receive_timeout(Some(5 * second), Some(60 * second), second),
-            5 * second
-        );
-        assert_eq!(receive_timeout(Some(second), None, second), 3 * second);
-    }
-
-    #[test]
-    fn status_interval_stays_under_a_third_of_the_timeout() {
-        let ten = Duration::from_secs(10);
-        assert_eq!(status_interval(ten, Some(Duration::from_secs(60))), ten);
-        assert_eq!(
-            status_interval(ten, Some(Duration::from_secs(6))),
-            Duration::from_secs(2)
-        );
-        assert_eq!(status_interval(ten, Some(Duration::ZERO)), ten);
-        assert_eq!(status_interval(ten, None), ten);
-        assert_eq!(
-            status_interval(ten, Some(Duration::from_millis(30))),
-            MIN_STATUS_INTERVAL
-        );
-    }
 }

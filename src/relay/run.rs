@@ -17,9 +17,8 @@ use crate::pg::slot::{self, SetupError};
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
 use crate::relay::backoff::Backoff;
-use crate::relay::pipeline::{
-    receive_timeout, status_interval, stopped, Pipeline, Progress, BACKOFF_RESET_AFTER, CLOSE_WAIT,
-};
+use crate::relay::liveness::{receive_timeout, status_interval, Liveness, LivenessLimits};
+use crate::relay::pipeline::{stopped, Pipeline, Progress, BACKOFF_RESET_AFTER, CLOSE_WAIT};
 use crate::relay::settings::Settings;
 use crate::relay::txn::TxnAssembler;
 use crate::relay::watch::{OutboxWatch, WatchTarget};
@@ -247,9 +246,14 @@ async fn run_attempt(
         waiting: VecDeque::new(),
         progress: start,
         logged: start,
-        last_received: Instant::now(),
-        receive_timeout,
-        stall_release: Duration::from_millis(settings.relay.stall_release_ms),
+        liveness: Liveness::new(
+            LivenessLimits {
+                status_interval: interval,
+                receive_timeout,
+                stall_release: Duration::from_millis(settings.relay.stall_release_ms),
+            },
+            Instant::now(),
+        ),
         metrics: Arc::clone(metrics),
         last_status_at: Instant::now(),
         last_reported: prepared.slot_lsn,
