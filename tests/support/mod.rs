@@ -5,6 +5,7 @@
 //! PgCluster      throwaway PostgreSQL (initdb + postgres on a free port, temp dir)
 //! KafkaBroker    throwaway Apache Kafka (KRaft, one JVM, free ports, temp dir)
 //! RelayProcess   the outbox-relay binary, stdout lines and stderr captured
+//! MemorySink     an in-memory sink for in-process runs of `relay::run`, scripted
 //! ChildProcess   any captured child process (RelayProcess derefs to it)
 //! wait_until     poll a condition every 50 ms until a deadline
 //! ```
@@ -14,6 +15,7 @@
 
 pub mod chaos;
 pub mod kafka;
+pub mod memory_sink;
 pub mod outbox;
 pub mod pg;
 pub mod process;
