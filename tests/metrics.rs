@@ -1,20 +1,19 @@
 //! Progress is visible in metrics: the relay serves Prometheus text on /metrics.
+//!
+//! Metric names come from `outbox_relay::metrics`, the constants the relay renders; the
+//! names themselves (what dashboards and alerts are written against) are pinned once, by
+//! the unit test in `src/metrics.rs`.
 
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 
-use support::outbox::{cluster_with_outbox, start_streaming, stdout_config, WAIT};
+use outbox_relay::metrics::{
+    EVENTS_TOTAL, FLUSH_LSN, IN_FLIGHT, LAST_STATUS_UNIX_SECONDS, TRANSACTIONS_TOTAL,
+};
+use support::outbox::{cluster_with_outbox, start_streaming, stdout_config, with_metrics, WAIT};
 use support::PgOptions;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn scrape(port: u16) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -35,11 +34,7 @@ fn value(text: &str, name: &str) -> Option<u64> {
 #[test]
 fn metrics_show_events_and_the_acknowledged_position() {
     let pg = cluster_with_outbox(PgOptions::default());
-    let port = free_port();
-    let config = format!(
-        "{}[metrics]\nlisten = \"127.0.0.1:{port}\"\n",
-        stdout_config(&pg)
-    );
+    let (config, port) = with_metrics(&stdout_config(&pg));
     let relay = start_streaming(&config);
     pg.client_db("app")
         .batch_execute(
@@ -54,13 +49,13 @@ fn metrics_show_events_and_the_acknowledged_position() {
         WAIT,
         || {
             let text = scrape(port)?;
-            let events = value(&text, "outbox_relay_events_total")?;
-            let flush = value(&text, "outbox_relay_flush_lsn")?;
+            let events = value(&text, EVENTS_TOTAL)?;
+            let flush = value(&text, FLUSH_LSN)?;
             (events == 3 && flush >= after).then_some(text)
         },
     );
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
-    assert_eq!(value(&text, "outbox_relay_transactions_total"), Some(1));
-    assert_eq!(value(&text, "outbox_relay_in_flight_events"), Some(0));
-    assert!(value(&text, "outbox_relay_last_status_update_unix_seconds").unwrap() > 0);
+    assert_eq!(value(&text, TRANSACTIONS_TOTAL), Some(1));
+    assert_eq!(value(&text, IN_FLIGHT), Some(0));
+    assert!(value(&text, LAST_STATUS_UNIX_SECONDS).unwrap() > 0);
 }

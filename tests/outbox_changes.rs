@@ -41,7 +41,7 @@ fn ids(lines: &[String]) -> Vec<String> {
 fn change_under_the_relay(change: &[&str], needles: &[&str], repair: &[&str]) {
     let pg = cluster_with_outbox(support::PgOptions::default());
     let relay = RelayProcess::start(&stdout_config(&pg));
-    relay.wait_for_stderr("starting replication", WAIT);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
     let delivered = insert(&pg, 1);
     let after_first = pg.current_wal_lsn();
     assert_eq!(ids(&relay.wait_for_lines(1, WAIT)), [delivered]);
@@ -91,7 +91,7 @@ fn change_under_the_relay(change: &[&str], needles: &[&str], repair: &[&str]) {
     }
     let config = stdout_config(&pg);
     let relay = RelayProcess::start(&config);
-    relay.wait_for_stderr("starting replication", WAIT);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
     let later = insert(&pg, 4);
     support::wait_until("rows written after the repair flow", WAIT, || {
         ids(&relay.lines()).contains(&later)

@@ -65,7 +65,7 @@ fn ids(lines: &[String]) -> Vec<String> {
 fn rows_of_every_partition_arrive_once_in_commit_order_across_attach_and_detach() {
     let pg = partitioned_cluster();
     let relay = RelayProcess::start(&stdout_config(&pg));
-    relay.wait_for_stderr("starting replication", WAIT);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
     let publication_via_root: bool = pg
         .client_db("app")
         .query_one(
@@ -159,7 +159,7 @@ fn a_publication_naming_the_partitions_is_refused_with_the_alter_to_run() {
 fn rows_arriving_under_a_partition_name_stop_the_relay_unacknowledged() {
     let pg = partitioned_cluster();
     let relay = RelayProcess::start(&stdout_config(&pg));
-    relay.wait_for_stderr("starting replication", WAIT);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
     let first = insert_at(&pg, 1, "2026-12-02");
     relay.wait_for_lines(1, WAIT);
     pg.client_db("app")

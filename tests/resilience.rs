@@ -7,9 +7,11 @@ mod support;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use outbox_relay::metrics::RESTARTS_TOTAL;
 use support::kafka::{consume, KafkaBroker};
 use support::outbox::{
-    cluster_with_outbox, kafka_config, start_streaming, stdout_config, SLOT, WAIT,
+    cluster_with_outbox, kafka_config, metric, start_streaming, stdout_config, with_metrics, SLOT,
+    WAIT,
 };
 use support::{PgCluster, PgOptions, RelayProcess};
 
@@ -469,9 +471,11 @@ fn a_cut_or_blackholed_postgres_link_is_detected_and_reconnected() {
         support::proxy::FaultProxy::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap());
     let direct = format!("127.0.0.1:{}/app", pg.port());
     let through_proxy = format!("127.0.0.1:{}/app?connect_timeout=2", proxy.port());
-    let config = stdout_config(&pg).replace(&direct, &through_proxy).replace(
-        "status_interval_ms = 200\n",
-        "status_interval_ms = 200\nreceive_timeout_ms = 2000\n",
+    let (config, port) = with_metrics(
+        &stdout_config(&pg).replace(&direct, &through_proxy).replace(
+            "status_interval_ms = 200\n",
+            "status_interval_ms = 200\nreceive_timeout_ms = 2000\n",
+        ),
     );
     let relay = start_streaming(&config);
     let mut want = insert(&pg, "link", 0..5);
@@ -483,14 +487,16 @@ fn a_cut_or_blackholed_postgres_link_is_detected_and_reconnected() {
 
     // A blackholed link says nothing: only the relay's own liveness checks notice (the
     // replication connection's, the outbox watch's, or a connect timeout when the link
-    // went dark while the relay was connecting).
+    // went dark while the relay was connecting), and the relay starts over.
+    let restarts_before = metric(port, RESTARTS_TOTAL).expect("the relay serves metrics");
     proxy.blackhole(true);
-    support::wait_until("the relay notices the blackholed link", WAIT, || {
-        let stderr = relay.stderr();
-        stderr.contains("nothing received from PostgreSQL")
-            || stderr.contains("did not answer for")
-            || stderr.contains("timed out after 2 s connecting")
-    });
+    relay.wait_metric(
+        port,
+        RESTARTS_TOTAL,
+        "a restart: the relay noticed the blackholed link",
+        WAIT,
+        |restarts| restarts > restarts_before,
+    );
     want.extend(insert(&pg, "link", 10..15));
     proxy.blackhole(false);
     wait_for_ids(&relay, &want);

@@ -19,26 +19,12 @@ fn config(url: &str) -> String {
     )
 }
 
-/// Start the relay as the superuser and wait until its slot exists: rows committed
-/// before the slot was created are, by design, not part of its stream.
+/// Start the relay as the superuser and wait until it streams from its slot: rows
+/// committed before the slot was created are, by design, not part of its stream.
 fn start_relay(pg: &PgCluster) -> RelayProcess {
     let relay = RelayProcess::start(&config(&pg.url("postgres", None, "app")));
-    wait_for_slot(pg, &relay);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
     relay
-}
-
-fn wait_for_slot(pg: &PgCluster, relay: &RelayProcess) {
-    relay.wait_for_stderr("starting replication", WAIT);
-    assert!(
-        pg.client()
-            .query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
-                &[&SLOT]
-            )
-            .unwrap()
-            .is_some(),
-        "slot {SLOT} should exist once replication started"
-    );
 }
 
 fn parse(line: &str) -> Value {
@@ -303,7 +289,7 @@ fn password_users_connect_with_scram_md5_and_cleartext() {
         let toml = config(&pg.url(user, Some(password), "app"))
             .replace(&format!("slot = \"{SLOT}\""), &format!("slot = \"{slot}\""));
         let relay = RelayProcess::start(&toml);
-        relay.wait_for_stderr("starting replication", WAIT);
+        relay.wait_streaming(&pg.superuser_url(), &slot, WAIT);
         pg.client_db("app")
             .execute(
                 "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ($1, '1', 'X', '{}')",
@@ -370,7 +356,7 @@ fn transactions_without_outbox_rows_between_events_are_acknowledged() {
         &config(&pg.url("postgres", None, "app"))
             .replace("[outbox]", "status_interval_ms = 200\n[outbox]"),
     );
-    wait_for_slot(&pg, &relay);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
     let mut client = pg.client_db("app");
     client.batch_execute("CREATE TABLE other (id int)").unwrap();
     for n in 0..10 {

@@ -70,12 +70,41 @@ pub fn kafka_config(
     toml
 }
 
-/// Start a relay and wait until it streams (its slot exists from then on: rows
-/// committed before are, by design, not part of its stream).
+/// Start a relay and wait until it streams: PostgreSQL shows its walsender streaming
+/// from the slot (rows committed before the slot existed are, by design, not part of
+/// its stream). The server and the slot are the config's `[postgres] url` and `slot`.
 pub fn start_streaming(config: &str) -> RelayProcess {
     let relay = RelayProcess::start(config);
-    relay.wait_for_stderr("starting replication", WAIT);
+    let (url, slot) = postgres_url_and_slot(config);
+    relay.wait_streaming(&url, &slot, WAIT);
     relay
+}
+
+/// `[postgres] url` and `slot` of a relay config ([`SLOT`], the product's default too,
+/// when it names none).
+fn postgres_url_and_slot(config: &str) -> (String, String) {
+    let table: toml::Table = config
+        .parse()
+        .unwrap_or_else(|err| panic!("the relay config is not TOML ({err}):\n{config}"));
+    let postgres = table.get("postgres").and_then(toml::Value::as_table);
+    let field = |key: &str| {
+        postgres
+            .and_then(|table| table.get(key))
+            .and_then(toml::Value::as_str)
+            .map(str::to_owned)
+    };
+    let url = field("url").unwrap_or_else(|| panic!("no [postgres] url in:\n{config}"));
+    (url, field("slot").unwrap_or_else(|| SLOT.to_owned()))
+}
+
+/// `config` with `[metrics] listen` on a free port, and that port.
+pub fn with_metrics(config: &str) -> (String, u16) {
+    let port = free_port();
+    let separator = if config.ends_with('\n') { "" } else { "\n" };
+    (
+        format!("{config}{separator}[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
+        port,
+    )
 }
 
 /// Inserts `n` events of aggregate type `kind`, one transaction each, into database
