@@ -60,17 +60,17 @@ impl InProcessRelay {
     }
 
     fn is_finished(&self) -> bool {
-        self.run.as_ref().is_none_or(|run| run.is_finished())
+        self.run.as_ref().map_or(true, |run| run.is_finished())
     }
 
     /// Waits for `run` to return on its own.
-    fn exit(&mut self, timeout: Duration) -> Result<(), RelayError> {
+    fn exit(&mut self, timeout: Duration) -> Result<(), Box<RelayError>> {
         let run = self.run.take().expect("the relay is running");
         block_on_with_timeout(&self.runtime, run, timeout)
     }
 
     /// Asks for a graceful shutdown and waits for `run` to return.
-    fn shut_down(mut self, timeout: Duration) -> Result<(), RelayError> {
+    fn shut_down(mut self, timeout: Duration) -> Result<(), Box<RelayError>> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -82,11 +82,12 @@ fn block_on_with_timeout(
     runtime: &tokio::runtime::Runtime,
     run: impl Future<Output = Result<Result<(), RelayError>, tokio::task::JoinError>>,
     timeout: Duration,
-) -> Result<(), RelayError> {
+) -> Result<(), Box<RelayError>> {
     runtime
         .block_on(async { tokio::time::timeout(timeout, run).await })
         .unwrap_or_else(|_| panic!("relay::run did not return within {timeout:?}"))
         .expect("relay::run panicked")
+        .map_err(Box::new)
 }
 
 /// Waits until the relay streams from the slot (rows committed before are not part of
@@ -261,7 +262,7 @@ fn a_dead_letter_topic_that_refuses_its_record_stops_the_relay_unacknowledged() 
     insert_events(&pg, "bad", 1);
     insert_events(&pg, "order", 2);
     wait_until("the relay stops", WAIT, || relay.is_finished());
-    match relay.exit(WAIT) {
+    match relay.exit(WAIT).map_err(|e| *e) {
         Err(RelayError::DeadLetterRefused(reason)) => {
             assert!(reason.contains("not authorized"), "{reason}")
         }
@@ -296,7 +297,7 @@ fn an_event_reported_failed_without_a_dead_letter_topic_stops_the_relay_unacknow
     let before_bad = current_wal_lsn(&pg);
     let bad = insert_events(&pg, "bad", 1);
     wait_until("the relay stops", WAIT, || relay.is_finished());
-    match relay.exit(WAIT) {
+    match relay.exit(WAIT).map_err(|e| *e) {
         Err(RelayError::Undeliverable { topic, reason, .. }) => {
             assert_eq!(topic, "outbox.event.bad");
             assert!(reason.contains("invalid record"), "{reason}");
