@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod config;
 pub mod conn;
+pub mod diagnose;
 pub mod framing;
 pub mod pgoutput;
 pub mod pgoutput_reader;

@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use crate::pg::conn::{DbError, PgConnection, PgError, QueryResult};
+use crate::pg::conn::{PgConnection, PgError, QueryResult};
+pub use crate::pg::diagnose::SetupError;
 use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
 use crate::pg::state;
 use crate::Lsn;
@@ -41,18 +42,6 @@ pub struct PreparedSource {
     pub failover_slot: bool,
 }
 
-/// A problem with the source: definite (retrying will not fix it) unless said otherwise.
-#[derive(Debug, thiserror::Error)]
-pub enum SetupError {
-    #[error("{0}")]
-    Definite(String),
-    /// A standby, or a primary restarting from a backup: it may be promoted, so wait.
-    #[error("PostgreSQL is in recovery (a standby, or a server restoring from a backup): the relay needs a primary, since logical decoding of its slot cannot run while in recovery; waiting for it to be promoted")]
-    InRecovery,
-    #[error(transparent)]
-    Pg(#[from] PgError),
-}
-
 fn definite(message: impl Into<String>) -> SetupError {
     SetupError::Definite(message.into())
 }
@@ -72,10 +61,9 @@ pub async fn prepare(
         .first()
         .and_then(|r| r.first().cloned().flatten());
     if wal_level.as_deref() != Some("logical") {
-        return Err(definite(format!(
-            "PostgreSQL has wal_level={}, logical replication needs wal_level=logical: set wal_level=logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL",
-            wal_level.as_deref().unwrap_or("unknown")
-        )));
+        return Err(SetupError::WalLevel {
+            found: wal_level.unwrap_or_else(|| "unknown".to_owned()),
+        });
     }
 
     // PostgreSQL 16 and later decode on a standby too, and such a stream would run on
@@ -393,95 +381,12 @@ fn check_existing_slot(found: &QueryResult, slot: &str) -> Result<(), SetupError
         )));
     }
     if found.get(0, "wal_status") == Some("lost") {
-        let reason = found.get(0, "invalidation_reason");
-        let state = match reason {
-            Some(reason) => format!("wal_status = lost, invalidation_reason = {reason}"),
-            None => "wal_status = lost".to_owned(),
-        };
-        return Err(invalidated_slot(slot, &state, reason));
+        return Err(SetupError::SlotInvalidated {
+            slot: slot.to_owned(),
+            reason: found.get(0, "invalidation_reason").map(str::to_owned),
+        });
     }
     Ok(())
-}
-
-/// Turn a server error met while connecting or streaming into a definite error with
-/// its fix, when one is known; other errors are returned as they are (the caller
-/// decides whether a retry can help).
-pub fn explain_server_error(error: PgError, spec: &SourceSpec, user: &str) -> SetupError {
-    let PgError::Db(db) = &error else {
-        return error.into();
-    };
-    let message = &db.message;
-    let slot = &spec.slot;
-    let publication = &spec.publication;
-    match db.code.as_str() {
-        "42501" if message.contains("replication") || message.contains("WAL sender") => {
-            definite(format!(
-                "role {user:?} may not stream the WAL ({message}): logical replication needs a role with the REPLICATION attribute; run ALTER ROLE {} WITH REPLICATION, or use a role that has it",
-                quote_ident(user)
-            ))
-        }
-        "42501" => definite(format!(
-            "permission denied for role {user:?}: {message}; grant it the privilege PostgreSQL names"
-        )),
-        "3D000" => definite(format!(
-            "{message}: check the database name in [postgres] url (the outbox table's database)"
-        )),
-        // The wording differs by version (13-15: "cannot read from logical replication
-        // slot", 16-17: "can no longer get changes from replication slot", 18: "can no
-        // longer access replication slot"); every version's detail says "invalidated".
-        "55000"
-            if message.contains("can no longer get changes")
-                || message.contains("invalidated")
-                || db.detail.as_deref().is_some_and(|d| d.contains("invalidated")) =>
-        {
-            let state = match &db.detail {
-                Some(detail) => format!("{message}; {detail}"),
-                None => message.clone(),
-            };
-            invalidated_slot(slot, &state, None)
-        }
-        "42704" if message.contains("publication") => publication_missing(spec, message),
-        _ if skips_publication(db, publication) => publication_missing(spec, message),
-        _ => error.into(),
-    }
-}
-
-/// The definite error for an invalidated slot: why (PostgreSQL 17 and later name the
-/// cause in `invalidation_reason`; 18 adds `idle_timeout`), what is lost, how to recover.
-fn invalidated_slot(slot: &str, state: &str, reason: Option<&str>) -> SetupError {
-    let why = match reason {
-        Some("idle_timeout") => "it was unused for longer than idle_replication_slot_timeout (PostgreSQL 18), so PostgreSQL stopped keeping the WAL it needed; set that timeout above the longest time the relay may be stopped, or 0 to turn it off".to_owned(),
-        None | Some("wal_removed") => {
-            "the WAL it needed was removed, usually because of max_slot_wal_keep_size".to_owned()
-        }
-        Some(other) => format!("PostgreSQL gives the reason {other:?}"),
-    };
-    definite(format!(
-        "replication slot {slot:?} is invalidated ({state}): {why}. Events in that WAL can no longer be read from the slot. Drop it with SELECT pg_drop_replication_slot({}), create a new one knowingly with `outbox-relay slot create --accept-gap --config FILE` (it starts at the current position), then re-send the outbox rows written since the last acknowledged position with `outbox-relay backfill --config FILE --since TIME`",
-        quote_literal(slot)
-    ))
-}
-
-/// Whether a notice on the replication stream says PostgreSQL is skipping changes
-/// because the publication is missing. PostgreSQL 18 no longer fails when a publication
-/// named in START_REPLICATION does not exist at a point of the WAL: pgoutput sends
-/// `WARNING: skipped loading publication "name"` and leaves out every change of that
-/// part of the WAL, outbox inserts included (up to 17 it is an ERROR, 42704). The
-/// relay must stop there, before it acknowledges past the skipped rows. Matched on the
-/// publication's name (untranslated) in a WARNING, not on the (translatable) wording.
-pub fn skips_publication(notice: &DbError, publication: &str) -> bool {
-    notice.severity == "WARNING" && notice.message.contains(&format!("\"{publication}\""))
-}
-
-fn publication_missing(spec: &SourceSpec, message: &str) -> SetupError {
-    let publication = &spec.publication;
-    definite(format!(
-        "publication {publication:?} does not exist ({message}); was it dropped? Recreate it as the owner of {}: CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'). If PostgreSQL still reports it missing, the slot's unread WAL predates the new publication: drop the slot (SELECT pg_drop_replication_slot({})), create a new one knowingly (`outbox-relay slot create --accept-gap --config FILE`), and re-send the outbox rows written since the last acknowledged position (`outbox-relay backfill --config FILE --since TIME`)",
-        spec.table,
-        quote_ident(publication),
-        spec.table.quoted(),
-        quote_literal(&spec.slot)
-    ))
 }
 
 /// The `START_REPLICATION` command for protocol version 1 (a transaction is sent only
@@ -518,16 +423,6 @@ pub fn parse_pg_duration(text: &str) -> Option<Duration> {
 mod tests {
     use super::*;
 
-    fn spec() -> SourceSpec {
-        SourceSpec {
-            slot: "outbox_relay".into(),
-            publication: "outbox_relay".into(),
-            table: QualifiedName::parse("public.outbox").unwrap(),
-            state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
-            failover: true,
-        }
-    }
-
     #[test]
     fn start_command_quotes_names() {
         let spec = SourceSpec {
@@ -541,151 +436,6 @@ mod tests {
             start_replication_command(&spec, Lsn(0x1_0000_0010)),
             "START_REPLICATION SLOT \"s\"\"lot\" LOGICAL 1/10 (proto_version '1', publication_names '\"pub''x\"')"
         );
-    }
-
-    fn db_error(code: &str, message: &str) -> PgError {
-        PgError::Db(crate::pg::conn::DbError {
-            severity: "ERROR".into(),
-            code: code.into(),
-            message: message.into(),
-            detail: None,
-            hint: None,
-        })
-    }
-
-    #[test]
-    fn known_server_errors_get_their_fix() {
-        let spec = spec();
-        for (code, message, needle) in [
-            (
-                "42501",
-                "must be superuser or replication role to start walsender",
-                "ALTER ROLE \"app\" WITH REPLICATION",
-            ),
-            (
-                "3D000",
-                "database \"nope\" does not exist",
-                "[postgres] url",
-            ),
-            (
-                "55000",
-                "can no longer get changes from replication slot \"outbox_relay\"",
-                "pg_drop_replication_slot",
-            ),
-            (
-                "42501",
-                "permission denied to start WAL sender",
-                "REPLICATION attribute",
-            ),
-            (
-                "42704",
-                "publication \"outbox_relay\" does not exist",
-                "CREATE PUBLICATION",
-            ),
-        ] {
-            match explain_server_error(db_error(code, message), &spec, "app") {
-                SetupError::Definite(text) => assert!(text.contains(needle), "{code}: {text}"),
-                other => panic!("{code} should be definite, got {other:?}"),
-            }
-        }
-        assert!(matches!(
-            explain_server_error(
-                db_error(
-                    "57P01",
-                    "terminating connection due to administrator command"
-                ),
-                &spec,
-                "app"
-            ),
-            SetupError::Pg(_)
-        ));
-    }
-
-    #[test]
-    fn an_invalidated_slot_is_recognised_in_every_versions_wording() {
-        let spec = spec();
-        for (version, message, detail) in [
-            (
-                "13-15",
-                "cannot read from logical replication slot \"outbox_relay\"",
-                "This slot has been invalidated because it exceeded the maximum reserved size.",
-            ),
-            (
-                "16-17",
-                "can no longer get changes from replication slot \"outbox_relay\"",
-                "This slot has been invalidated because it exceeded the maximum reserved size.",
-            ),
-            (
-                "18",
-                "can no longer access replication slot \"outbox_relay\"",
-                "This replication slot has been invalidated due to \"wal_removed\".",
-            ),
-        ] {
-            let error = PgError::Db(crate::pg::conn::DbError {
-                severity: "ERROR".into(),
-                code: "55000".into(),
-                message: message.into(),
-                detail: Some(detail.into()),
-                hint: None,
-            });
-            match explain_server_error(error, &spec, "app") {
-                SetupError::Definite(text) => {
-                    assert!(text.contains("is invalidated"), "{version}: {text}");
-                    assert!(
-                        text.contains("pg_drop_replication_slot"),
-                        "{version}: {text}"
-                    );
-                }
-                other => panic!("{version}: should be definite, got {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn an_invalidated_slot_names_its_cause() {
-        let text = |reason| match invalidated_slot("s", "wal_status = lost", reason) {
-            SetupError::Definite(text) => text,
-            other => panic!("definite, got {other:?}"),
-        };
-        assert!(text(None).contains("max_slot_wal_keep_size"));
-        assert!(text(Some("wal_removed")).contains("max_slot_wal_keep_size"));
-        let idle = text(Some("idle_timeout"));
-        assert!(idle.contains("idle_replication_slot_timeout"), "{idle}");
-        assert!(!idle.contains("max_slot_wal_keep_size"), "{idle}");
-        assert!(text(Some("rows_removed")).contains("\"rows_removed\""));
-    }
-
-    #[test]
-    fn a_skipped_publication_warning_stops_like_the_error_of_older_versions() {
-        let spec = spec();
-        // As PostgreSQL 18 sends it in the middle of the stream.
-        let warning = crate::pg::conn::DbError {
-            severity: "WARNING".into(),
-            code: "55000".into(),
-            message: "skipped loading publication \"outbox_relay\"".into(),
-            detail: Some("The publication does not exist at this point in the WAL.".into()),
-            hint: Some("Create the publication if it does not exist.".into()),
-        };
-        assert!(skips_publication(&warning, "outbox_relay"));
-        assert!(
-            !skips_publication(&warning, "outbox"),
-            "another publication's name"
-        );
-        let notice = crate::pg::conn::DbError {
-            severity: "NOTICE".into(),
-            ..warning.clone()
-        };
-        assert!(!skips_publication(&notice, "outbox_relay"));
-        match explain_server_error(PgError::Db(warning), &spec, "app") {
-            SetupError::Definite(text) => {
-                assert!(
-                    text.contains("publication \"outbox_relay\" does not exist"),
-                    "{text}"
-                );
-                assert!(text.contains("CREATE PUBLICATION"), "{text}");
-            }
-            other => panic!("should be definite, got {other:?}"),
-        }
     }
 
     #[test]

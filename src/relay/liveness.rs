@@ -17,6 +17,27 @@ use std::time::{Duration, Instant};
 
 use crate::relay::RelayError;
 
+/// Why the link, the watch or the sink is taken for dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stall {
+    /// Nothing from PostgreSQL for `secs` although it was asked to reply.
+    Silent { secs: u64 },
+    /// The outbox watch's check unanswered for `secs`.
+    WatchSilent { secs: u64 },
+    /// The oldest undelivered event has waited `secs`.
+    SinkStalled { secs: u64, in_flight: u64 },
+}
+
+impl From<Stall> for RelayError {
+    fn from(stall: Stall) -> Self {
+        match stall {
+            Stall::Silent { secs } => RelayError::Silent { secs },
+            Stall::WatchSilent { secs } => RelayError::WatchSilent { secs },
+            Stall::SinkStalled { secs, in_flight } => RelayError::SinkStalled { secs, in_flight },
+        }
+    }
+}
+
 /// Status updates never less often than this fraction of `wal_sender_timeout`.
 const STATUS_FRACTION_OF_TIMEOUT: u32 = 3;
 /// Floor of the status interval, so a tiny `wal_sender_timeout` cannot make us spin.
@@ -92,24 +113,24 @@ impl Liveness {
 
     /// A status tick: `Ok(true)` when the status update should ask PostgreSQL for a
     /// reply, an error when the link, the watch or the sink is taken for dead.
-    pub fn tick(&mut self, now: Instant, input: TickInput) -> Result<bool, RelayError> {
+    pub fn tick(&mut self, now: Instant, input: TickInput) -> Result<bool, Stall> {
         if !input.reading {
             self.last_received = now;
         }
         let silent = now.saturating_duration_since(self.last_received);
         if silent > self.limits.receive_timeout {
-            return Err(RelayError::Silent {
+            return Err(Stall::Silent {
                 secs: silent.as_secs(),
             });
         }
         if input.watch_waiting > self.limits.receive_timeout {
-            return Err(RelayError::WatchSilent {
+            return Err(Stall::WatchSilent {
                 secs: input.watch_waiting.as_secs(),
             });
         }
         if let Some(oldest) = input.oldest_undelivered {
             if oldest > self.limits.stall_release {
-                return Err(RelayError::SinkStalled {
+                return Err(Stall::SinkStalled {
                     secs: oldest.as_secs(),
                     in_flight: input.in_flight,
                 });
@@ -154,7 +175,7 @@ mod tests {
         assert!(liveness.tick(t0 + secs(60), reading()).unwrap());
         assert!(matches!(
             liveness.tick(t0 + secs(61), reading()),
-            Err(RelayError::Silent { secs: 61 })
+            Err(Stall::Silent { secs: 61 })
         ));
     }
 
@@ -196,7 +217,7 @@ mod tests {
         assert!(liveness.tick(t0, waiting(60)).is_ok());
         assert!(matches!(
             liveness.tick(t0, waiting(61)),
-            Err(RelayError::WatchSilent { secs: 61 })
+            Err(Stall::WatchSilent { secs: 61 })
         ));
     }
 
@@ -214,7 +235,7 @@ mod tests {
         assert!(liveness.tick(t0, oldest(Some(secs(30)))).is_ok());
         assert!(matches!(
             liveness.tick(t0, oldest(Some(secs(31)))),
-            Err(RelayError::SinkStalled {
+            Err(Stall::SinkStalled {
                 secs: 31,
                 in_flight: 3
             })

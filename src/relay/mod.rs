@@ -17,8 +17,8 @@ pub mod watch;
 pub use run::run;
 
 use crate::pg::conn::PgError;
+use crate::pg::diagnose::{SetupError, SLOT_IN_USE};
 use crate::pg::pgoutput::DecodeError;
-use crate::pg::slot::SetupError;
 use crate::pg::Lsn;
 use crate::sink::SinkError;
 
@@ -28,7 +28,7 @@ pub enum RelayError {
     #[error(transparent)]
     Pg(#[from] PgError),
     #[error(transparent)]
-    Setup(SetupError),
+    Setup(Box<SetupError>),
     #[error("cannot decode a pgoutput message from PostgreSQL: {0}")]
     Decode(#[from] DecodeError),
     #[error("the replication stream broke the protocol: {0}")]
@@ -73,52 +73,40 @@ impl From<SetupError> for RelayError {
     fn from(e: SetupError) -> Self {
         match e {
             SetupError::Pg(pg) => RelayError::Pg(pg),
-            other => RelayError::Setup(other),
+            other => RelayError::Setup(Box::new(other)),
         }
     }
 }
 
-/// SQLSTATEs that a retry can outlive: `admin_shutdown` (server restart or
-/// `pg_terminate_backend`), `crash_shutdown`, `cannot_connect_now` (starting up),
-/// `too_many_connections`, `object_in_use` (slot held by another process).
-const RETRYABLE_SQLSTATES: &[&str] = &["57P01", "57P02", "57P03", "53300", "55006"];
-
 impl RelayError {
-    /// Retryable errors restart the pipeline (with backoff) from the slot's
-    /// acknowledged position; all others stop the relay with their message.
     /// Whether PostgreSQL refused the slot because another process streams from it
     /// (a standby relay waiting to take over).
     pub fn slot_in_use(&self) -> bool {
-        matches!(self, RelayError::Pg(PgError::Db(db)) if db.code == "55006")
+        matches!(self, RelayError::Pg(PgError::Db(db)) if db.code == SLOT_IN_USE)
     }
 
+    /// Retryable errors restart the pipeline (with backoff) from the slot's
+    /// acknowledged position; all others stop the relay with their message. Each layer
+    /// classifies its own errors where they arise; this only asks them.
     pub fn is_retryable(&self) -> bool {
         match self {
-            RelayError::Pg(pg) => match pg {
-                PgError::Connect { .. }
-                | PgError::NoPrimary { .. }
-                | PgError::ConnectTimeout { .. }
-                | PgError::Io(_)
-                | PgError::Closed { .. } => true,
-                PgError::Db(db) => {
-                    RETRYABLE_SQLSTATES.contains(&db.code.as_str())
-                        // A server in recovery (a standby, or a primary restarting from
-                        // a backup) may be promoted: wait for it.
-                        || db.message.contains("while in recovery")
-                }
-                _ => false,
-            },
-            RelayError::Setup(SetupError::InRecovery)
-            | RelayError::StreamEnded
+            RelayError::Pg(pg) => pg.is_transient(),
+            RelayError::Setup(setup) => setup.is_transient(),
+            RelayError::Sink(sink) => sink.is_transient(),
+            RelayError::StreamEnded
             | RelayError::Silent { .. }
             | RelayError::WatchSilent { .. }
             | RelayError::SinkStalled { .. } => true,
-            RelayError::Sink(
-                SinkError::KafkaFatal(_)
-                | SinkError::KafkaRetry(_)
-                | SinkError::TopicUnavailable { .. },
-            ) => true,
-            _ => false,
+            RelayError::Decode(_)
+            | RelayError::Assembly(_)
+            | RelayError::Route(_)
+            | RelayError::Undeliverable { .. }
+            | RelayError::RefusedWithoutDeadLetter { .. }
+            | RelayError::DeadLetterRefused(_)
+            | RelayError::Ack(_)
+            | RelayError::Metrics(_)
+            | RelayError::OutboxUnpublished { .. }
+            | RelayError::SystemChanged { .. } => false,
         }
     }
 }

@@ -29,9 +29,9 @@ use tokio::sync::{mpsc, watch};
 
 use crate::metrics::Metrics;
 use crate::pg::conn::{CopyEvent, DbError, PgConnection, PgError};
+use crate::pg::diagnose;
 use crate::pg::pgoutput::{self, PgTimestamp, StreamState};
 use crate::pg::replication::{ReplicationFrame, StandbyStatusUpdate};
-use crate::pg::slot;
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
 use crate::relay::deadletter::{self, DeadLetter, Refusal};
@@ -226,9 +226,7 @@ impl Pipeline {
                 since: self.tracker.vouched(),
             }),
             WatchReport::Failed(error) => Err(RelayError::Pg(error)),
-            WatchReport::Invalid(message) => Err(RelayError::Setup(
-                crate::pg::slot::SetupError::Definite(message),
-            )),
+            WatchReport::Invalid(message) => Err(diagnose::SetupError::Definite(message).into()),
         }
     }
 
@@ -241,22 +239,20 @@ impl Pipeline {
             &self.metrics.oldest_undelivered_seconds,
             oldest_undelivered.unwrap_or_default().as_secs(),
         );
-        self.liveness.tick(
-            now,
-            TickInput {
-                reading,
-                watch_waiting: self.watch.waiting_for(now),
-                oldest_undelivered,
-                in_flight: self.tracker.in_flight(),
-            },
-        )
+        let tick = TickInput {
+            reading,
+            watch_waiting: self.watch.waiting_for(now),
+            oldest_undelivered,
+            in_flight: self.tracker.in_flight(),
+        };
+        Ok(self.liveness.tick(now, tick)?)
     }
 
     /// A notice in the middle of the stream is logged; one saying that PostgreSQL skips
     /// changes because the publication is missing (PostgreSQL 18) stops the relay
     /// before anything after it is acknowledged, as the ERROR of earlier versions does.
     fn on_server_notice(&mut self, notice: DbError) -> Result<(), RelayError> {
-        if slot::skips_publication(&notice, &self.publication) {
+        if diagnose::skips_publication(&notice, &self.publication) {
             return Err(RelayError::Pg(PgError::Db(notice)));
         }
         tracing::warn!(notice = %notice, "PostgreSQL sent a notice on the replication stream");

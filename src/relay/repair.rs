@@ -12,8 +12,9 @@ use std::collections::HashSet;
 use tokio::sync::mpsc;
 
 use crate::pg::conn::{PgConnection, SessionKind};
+use crate::pg::diagnose::SetupError;
 use crate::pg::pgoutput::{ColumnValue, RelationBody, RelationColumn, TupleData};
-use crate::pg::slot::{self, SetupError};
+use crate::pg::slot;
 use crate::pg::sql::{quote_ident, quote_literal};
 use crate::pg::{state, Lsn};
 use crate::relay::ack::AckTracker;
@@ -26,7 +27,7 @@ use crate::sink::{RecordTag, SendError, SinkError, SinkNotice, SinkOptions};
 const BACKFILL_BATCH: usize = 1_000;
 
 fn definite(message: impl Into<String>) -> RelayError {
-    RelayError::Setup(SetupError::Definite(message.into()))
+    RelayError::Setup(Box::new(SetupError::Definite(message.into())))
 }
 
 /// What `slot create` did.

@@ -13,7 +13,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::metrics::Metrics;
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
-use crate::pg::slot::{self, SetupError};
+use crate::pg::diagnose::{self, SetupError};
+use crate::pg::slot;
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
 use crate::relay::backoff::Backoff;
@@ -116,8 +117,9 @@ async fn run_attempt(
 ) -> Result<(), RelayError> {
     let postgres = &settings.postgres;
     let spec = settings.source();
-    let user = settings.connect.user.as_str();
-    let explain = |error: PgError| RelayError::from(slot::explain_server_error(error, &spec, user));
+    // A server error is classified where it arises: transient ones as they are, the
+    // others after asking the server's catalogs what is wrong.
+    let explain = |error: PgError| diagnose::explain(error, &settings.connect, &spec);
     // Every wait before streaming honours a shutdown signal (a server that accepts and
     // never answers must not make SIGTERM wait for it).
     let Some(connected) = unless_stopped(
@@ -128,13 +130,16 @@ async fn run_attempt(
     else {
         return Ok(());
     };
-    let mut conn = connected.map_err(explain)?;
+    let mut conn = match connected {
+        Ok(conn) => conn,
+        Err(error) => return Err(explain(error).await.into()),
+    };
     let Some(prepared) = unless_stopped(&mut stop, slot::prepare(&mut conn, &spec)).await else {
         return Ok(());
     };
     let prepared = match prepared {
         Ok(prepared) => prepared,
-        Err(SetupError::Pg(error)) => return Err(explain(error)),
+        Err(SetupError::Pg(error)) => return Err(explain(error).await.into()),
         Err(other) => return Err(other.into()),
     };
     match timeline.as_ref() {
@@ -197,7 +202,9 @@ async fn run_attempt(
     let Some(started) = unless_stopped(&mut stop, conn.start_copy_both(&command)).await else {
         return Ok(());
     };
-    started.map_err(explain)?;
+    if let Err(error) = started {
+        return Err(explain(error).await.into());
+    }
 
     let interval = status_interval(
         Duration::from_millis(postgres.status_interval_ms),
@@ -262,13 +269,11 @@ async fn run_attempt(
         watch,
         table: spec.table.clone(),
     };
-    pipeline
-        .stream(interval, &mut stop)
-        .await
-        .map_err(|error| match error {
-            RelayError::Pg(pg) => explain(pg),
-            other => other,
-        })?;
+    match pipeline.stream(interval, &mut stop).await {
+        Ok(()) => {}
+        Err(RelayError::Pg(error)) => return Err(explain(error).await.into()),
+        Err(other) => return Err(other),
+    }
     pipeline.drain(settings.shutdown_timeout()).await?;
     tracing::info!(
         events = pipeline.progress.events,

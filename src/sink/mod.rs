@@ -201,6 +201,22 @@ pub enum SinkError {
     TopicUnavailable { topic: String, reason: String },
 }
 
+impl SinkError {
+    /// Whether a new pipeline attempt (a new sink, everything unacknowledged sent
+    /// again) can outlive this error.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            SinkError::KafkaFatal(_)
+            | SinkError::KafkaRetry(_)
+            | SinkError::TopicUnavailable { .. } => true,
+            SinkError::Stdout(_)
+            | SinkError::KafkaSetup(_)
+            | SinkError::KafkaStop(_)
+            | SinkError::Topic { .. } => false,
+        }
+    }
+}
+
 /// Where events go. The pipeline knows a sink only through this trait.
 pub trait Sink: Send {
     /// Hand one record over. Its notice, carrying `tag`, arrives later on the notice
