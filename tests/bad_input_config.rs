@@ -9,7 +9,7 @@
 //! to the decoders (`src/pg/replication.rs`, `src/pg/pgoutput_tests.rs`, fuzz targets);
 //! here only a whole server that speaks garbage is tried.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -25,7 +25,7 @@ use support::outbox::{
     cluster_with_app_db, cluster_with_outbox, metric, plain, stdout_config, with_metrics, SLOT,
     WAIT,
 };
-use support::relay::RELAY_BIN;
+use support::relay::relay_bin;
 use support::{run_relay_to_exit, wait_for, PgCluster, PgOptions, RelayProcess};
 
 /// Exit code of a relay that stopped on a definite error (a panic would be 101).
@@ -87,7 +87,7 @@ impl ConfigFile {
 
     /// `outbox-relay check --config FILE`: (status, stdout, stderr).
     fn check(&self) -> (ExitStatus, String, String) {
-        let output = Command::new(RELAY_BIN)
+        let output = Command::new(relay_bin())
             .arg("check")
             .arg("--config")
             .arg(&self.path)

@@ -4,7 +4,7 @@
 //! the slot moves past it only once it is settled), and that the relay keeps running
 //! where it should. Part 1 (`bad_input_config.rs`) covers configuration and connection.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::time::Duration;
 

@@ -25,7 +25,7 @@
 //! The machinery lives in `support/chaos/` (sizes, seeded rng, writers, faults, relay
 //! supervisor, verifier); this file is the flow that wires it together.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

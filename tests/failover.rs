@@ -8,7 +8,7 @@
 //!   from one, so the relay stops with the lost-slot error instead of creating a new
 //!   slot past the events it never saw.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::collections::HashSet;
 

@@ -1,7 +1,7 @@
-//! Tests of the integration-test harness itself (`tests/support/`): if these fail, the
+//! Tests of the integration-test harness itself (`harness/` (the crate `outbox-relay-harness`)): if these fail, the
 //! other integration tests cannot be trusted.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! reported failed, the dead-letter topic refusing its record, shutdown with events in
 //! flight — each checked by event id and by where the slot was acknowledged.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::future::Future;
 use std::time::Duration;

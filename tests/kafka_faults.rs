@@ -4,7 +4,7 @@
 //! `stall_release_ms`, schema changes mid-stream, and bounded memory for huge
 //! transactions.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,8 +1,8 @@
-//! Tests of the Kafka side of the integration-test harness (`tests/support/kafka.rs`)
+//! Tests of the Kafka side of the integration-test harness (`harness/src/kafka.rs`)
 //! against a real Apache Kafka broker: if these fail, the relay's Kafka tests cannot be
 //! trusted.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! The mock has no CreateTopics; it creates topics on first metadata request, so the
 //! relay runs with `create_topics = false` here.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::time::Duration;
 

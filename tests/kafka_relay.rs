@@ -1,7 +1,7 @@
 //! The Kafka sink against a real PostgreSQL and a real Apache Kafka broker:
 //! Debezium-shaped records, router options, and invalid events that never vanish.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -431,7 +431,7 @@ fn a_topic_that_cannot_be_created_stops_the_relay_naming_it() {
     );
 }
 
-/// Runs Kafka's Java producer (`tests/support/java/KeyProducer.java`, in Java's
+/// Runs Kafka's Java producer (`harness/java/KeyProducer.java`, in Java's
 /// source-file mode on the test broker's jars) on `keys` into `topic`; returns the
 /// partition it picked for each key.
 fn java_producer_partitions(
@@ -441,8 +441,8 @@ fn java_producer_partitions(
 ) -> BTreeMap<String, i32> {
     use std::io::Write;
     use std::process::{Command, Stdio};
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/support/java/KeyProducer.java");
+    let source =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("harness/java/KeyProducer.java");
     let java = std::env::var_os("JAVA_HOME")
         .map(|home| std::path::PathBuf::from(home).join("bin/java"))
         .filter(|java| java.is_file())

@@ -5,7 +5,7 @@
 //! so the relay refuses and names the ways out: `slot create --accept-gap`, then
 //! `backfill --since` for the rows still in the table.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::collections::HashSet;
 

@@ -4,7 +4,7 @@
 //! names themselves (what dashboards and alerts are written against) are pinned once, by
 //! the unit test in `src/metrics.rs`.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

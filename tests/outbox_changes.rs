@@ -5,7 +5,7 @@
 //! change and the position from which rows may be missing, and acknowledge nothing past
 //! it (an idle relay would otherwise follow the server's WAL past the unseen rows).
 
-mod support;
+use outbox_relay_harness as support;
 
 use serde_json::Value;
 use support::outbox::{cluster_with_outbox, plain, stdout_config, SLOT, WAIT};

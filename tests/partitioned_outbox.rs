@@ -3,7 +3,7 @@
 //! refuses a publication that would name the partitions instead (rows the relay would
 //! not recognise, and acknowledge).
 
-mod support;
+use outbox_relay_harness as support;
 
 use serde_json::Value;
 use support::outbox::{cluster_with_app_db, plain, stdout_config, SLOT, WAIT};

@@ -3,7 +3,7 @@
 //! components it is used with: PostgreSQL (a plain client and the relay's replication
 //! connection) and an Apache Kafka broker (which must advertise the proxy's port).
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

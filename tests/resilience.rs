@@ -2,7 +2,7 @@
 //! real Kafka-protocol broker: reconnects that never mis-acknowledge, graceful and
 //! forced shutdown, and definite errors that stop with the fix in the message.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

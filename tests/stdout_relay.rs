@@ -2,7 +2,7 @@
 //! committed in the database come out of the relay's stdout sink as JSON lines, and the
 //! slot is acknowledged exactly as DESIGN.md requires.
 
-mod support;
+use outbox_relay_harness as support;
 
 use std::time::Duration;
 

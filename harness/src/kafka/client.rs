@@ -17,7 +17,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -30,8 +30,6 @@ const CREATE_TOPIC_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long [`produce`] waits for delivery reports (also the producer's
 /// `message.timeout.ms`, so a report always comes within it).
 pub const PRODUCE_TIMEOUT: Duration = Duration::from_secs(60);
-/// How often [`consume`] looks for partitions of topics that do not exist yet.
-const METADATA_REFRESH: Duration = Duration::from_millis(500);
 
 /// Client settings shared by every helper: quick reconnects (tests pause and restart
 /// the broker) and IPv4 only (the broker listens on 127.0.0.1).

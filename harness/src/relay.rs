@@ -23,7 +23,9 @@ use super::process::ChildProcess;
 use super::wait::poll_until;
 
 /// The binary under test, built by Cargo for integration tests.
-pub const RELAY_BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+pub fn relay_bin() -> std::path::PathBuf {
+    crate::relay_bin()
+}
 
 /// Env var selecting the relay's `RUST_LOG` in tests (default `info`).
 pub const RELAY_TEST_LOG_ENV: &str = "RELAY_TEST_LOG";
@@ -46,7 +48,7 @@ impl RelayProcess {
     /// Like [`RelayProcess::start`] with extra environment variables for the relay.
     pub fn start_with_env(config_toml: &str, env: &[(&str, &str)]) -> Self {
         let (dir, config_path) = write_config(config_toml);
-        let mut command = Command::new(RELAY_BIN);
+        let mut command = Command::new(relay_bin());
         command
             .arg("run")
             .arg("--config")
@@ -198,7 +200,7 @@ pub fn run_command(
     timeout: Duration,
 ) -> (ExitStatus, String, String) {
     let (dir, config_path) = write_config(config_toml);
-    let mut command = Command::new(RELAY_BIN);
+    let mut command = Command::new(relay_bin());
     command
         .args(args)
         .arg("--config")

@@ -2,7 +2,7 @@
 // key per line from stdin, sends each as a record (value "v") to the topic with the
 // producer's default partitioner, and prints "key<TAB>partition" per record, in order.
 // Run in Java's source-file mode by tests/kafka_relay.rs:
-//   java -cp '<kafka libs>/*' tests/support/java/KeyProducer.java BOOTSTRAP TOPIC
+//   java -cp '<kafka libs>/*' harness/java/KeyProducer.java BOOTSTRAP TOPIC
 
 import java.io.BufferedReader;
 import java.io.InputStreamReader;

@@ -354,7 +354,7 @@ impl PgCluster {
         let output = Command::new("bash")
             .arg("-c")
             .arg(format!(". deploy/lib.sh && ensure_pg_version {major}"))
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .current_dir(crate::repo_root())
             .output()
             .unwrap_or_else(|err| panic!("running deploy/lib.sh: {err}"));
         assert!(
