@@ -33,7 +33,7 @@ const EXIT_FAILURE: i32 = 1;
 /// A relay refusing its configuration does so at once.
 const CONFIG_EXIT: Duration = Duration::from_secs(20);
 /// The message the pipeline logs before each retry.
-const RETRY_WARNING: &str = "relay interrupted";
+const RETRY_WARNING: &str = outbox_relay::relay::log::RETRYING;
 
 /// Panics unless `text` contains every needle, quoting the text.
 #[track_caller]
@@ -119,7 +119,8 @@ fn refused_by_check_and_run(toml: &str, needles: &[&str]) -> String {
     assert!(stdout.is_empty(), "no events: {stdout}");
     assert_mentions(&run_stderr, needles);
     assert!(
-        !run_stderr.contains("starting replication") && !run_stderr.contains(RETRY_WARNING),
+        !run_stderr.contains(outbox_relay::relay::log::STARTING_REPLICATION)
+            && !run_stderr.contains(RETRY_WARNING),
         "a bad config is refused before connecting:\n{run_stderr}"
     );
     stderr

@@ -173,7 +173,7 @@ fn a_second_signal_exits_at_once() {
     let before = pg.current_wal_lsn();
     insert(&pg, "twice", 1..3);
     relay.sigterm();
-    relay.wait_for_stderr("shutdown requested", WAIT);
+    relay.wait_for_stderr(outbox_relay::relay::log::SHUTDOWN_REQUESTED, WAIT);
     relay.sigint();
     let status = relay.wait_exit(Duration::from_secs(10));
     assert!(!status.success(), "a forced exit is not a clean one");

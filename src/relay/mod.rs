@@ -16,6 +16,18 @@ pub mod watch;
 
 pub use run::run;
 
+/// Log messages that mark a step of the relay's life, shared with the tests that wait
+/// for them (so a rewording cannot silently turn a wait or a check into a no-op).
+pub mod log {
+    /// The replication stream is about to start (setup done).
+    pub const STARTING_REPLICATION: &str = "starting replication";
+    /// The first SIGTERM/SIGINT was handled: no more reading, deliveries drain.
+    pub const SHUTDOWN_REQUESTED: &str = "shutdown requested: no more reading, draining deliveries";
+    /// A retryable error ended an attempt; another follows after a backoff.
+    pub const RETRYING: &str =
+        "relay interrupted; retrying (streaming resumes from the slot's acknowledged position)";
+}
+
 use crate::pg::conn::PgError;
 use crate::pg::diagnose::{SetupError, SLOT_IN_USE};
 use crate::pg::pgoutput::DecodeError;

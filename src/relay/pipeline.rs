@@ -126,7 +126,7 @@ impl Pipeline {
             tokio::select! {
                 biased;
                 () = stopped(stop) => {
-                    tracing::info!("shutdown requested: no more reading, draining deliveries");
+                    tracing::info!("{}", super::log::SHUTDOWN_REQUESTED);
                     return Ok(());
                 }
                 Some(notice) = self.notices.recv() => {

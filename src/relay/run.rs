@@ -76,7 +76,8 @@ pub async fn run(
             tracing::warn!(
                 error = %error,
                 retry_in_ms,
-                "relay interrupted; retrying (streaming resumes from the slot's acknowledged position)"
+                "{}",
+                super::log::RETRYING
             );
         }
         let mut stop = stop.clone();
@@ -196,7 +197,8 @@ async fn run_attempt(
         table_partitioned = prepared.outbox_partitioned,
         failover_slot = prepared.failover_slot,
         start_lsn = %prepared.slot_lsn,
-        "starting replication"
+        "{}",
+        super::log::STARTING_REPLICATION
     );
     let command = slot::start_replication_command(&spec, Lsn::ZERO);
     let Some(started) = unless_stopped(&mut stop, conn.start_copy_both(&command)).await else {
