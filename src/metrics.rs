@@ -1,12 +1,15 @@
-//! Prometheus metrics: counters and gauges the pipeline updates, served as text on
-//! `GET /metrics` when `[metrics] listen` is set.
+//! Prometheus metrics and health: counters, gauges and a latency histogram the pipeline
+//! updates, served as text on `GET /metrics` when `[metrics] listen` is set, next to
+//! `GET /healthz` (the process runs and its loop turns) and `GET /readyz` (streaming
+//! from the slot, and the sink confirms deliveries).
 //!
 //! Names are constants so the renderer and the tests share them; the unit test below
 //! pins their spelling, which dashboards and alerts depend on (docs/configuration.md
 //! lists them).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -20,6 +23,18 @@ pub const FLUSH_LSN: &str = "outbox_relay_flush_lsn";
 pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
 pub const LAST_STATUS_UNIX_SECONDS: &str = "outbox_relay_last_status_update_unix_seconds";
 pub const OLDEST_UNDELIVERED_SECONDS: &str = "outbox_relay_oldest_undelivered_seconds";
+pub const REPLICATION_LAG_BYTES: &str = "outbox_relay_replication_lag_bytes";
+pub const REPLICATION_LAG_SECONDS: &str = "outbox_relay_replication_lag_seconds";
+pub const STREAMING: &str = "outbox_relay_streaming";
+pub const DELIVERY_LATENCY_SECONDS: &str = "outbox_relay_commit_to_delivery_seconds";
+pub const TOPIC_DELIVERED_TOTAL: &str = "outbox_relay_topic_delivered_total";
+pub const TOPIC_DEAD_LETTERED_TOTAL: &str = "outbox_relay_topic_dead_lettered_total";
+
+/// Upper bounds (seconds) of the commit-to-delivery histogram's buckets: from a few
+/// milliseconds (a relay keeping up) to minutes (a broker outage).
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
 
 /// `[metrics]`: where to serve them.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -55,6 +70,123 @@ pub struct Metrics {
     pub received_lsn: AtomicU64,
     pub last_status_unix_seconds: AtomicU64,
     pub oldest_undelivered_seconds: AtomicU64,
+    /// WAL the relay received and has not acknowledged (received - flush).
+    pub replication_lag_bytes: AtomicU64,
+    /// Age (by its commit time) of the oldest transaction not yet acknowledged, in ms.
+    pub replication_lag_ms: AtomicU64,
+    /// Commit-to-delivery latency of each event.
+    pub delivery_latency: Histogram,
+    /// Records confirmed per topic (dead-letter records under the dead-letter topic).
+    pub delivered_by_topic: TopicCounts,
+    /// Events sent to the dead-letter topic, per the topic they were routed to (`""`
+    /// when routing failed).
+    pub dead_lettered_by_topic: TopicCounts,
+    pub health: Health,
+}
+
+/// Counters by topic name.
+#[derive(Debug, Default)]
+pub struct TopicCounts(Mutex<BTreeMap<String, u64>>);
+
+impl TopicCounts {
+    pub fn add(&self, topic: &str, n: u64) {
+        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match counts.get_mut(topic) {
+            Some(count) => *count += n,
+            None => {
+                counts.insert(topic.to_owned(), n);
+            }
+        }
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<String, u64> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// A Prometheus histogram with fixed buckets ([`LATENCY_BUCKETS`]).
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations at or below each bound (not cumulative; summed when rendered).
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    /// Sum of observations, in microseconds.
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, seconds: f64) {
+        let seconds = if seconds.is_finite() {
+            seconds.max(0.0)
+        } else {
+            0.0
+        };
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|bound| seconds <= *bound) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        // Whole microseconds: precise enough for a sum of latencies.
+        let micros = (seconds * 1e6).min(u64::MAX as f64) as u64;
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+        let mut cumulative = 0;
+        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.buckets) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            out.push_str(&format!("{name}_bucket{{le=\"{bound}\"}} {cumulative}\n"));
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        out.push_str(&format!("{name}_bucket{{le=\"+Inf\"}} {count}\n"));
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        out.push_str(&format!("{name}_sum {sum}\n{name}_count {count}\n"));
+    }
+}
+
+/// What `/healthz` and `/readyz` answer from, set by the pipeline.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// 1 while the pipeline streams from the slot.
+    pub streaming: AtomicU64,
+    /// While streaming, the loop must turn again before this time (unix ms); set on
+    /// every status tick to a few status intervals ahead.
+    pub loop_deadline_unix_ms: AtomicU64,
+    /// The sink is taken for stuck once the oldest undelivered event has waited this
+    /// long (ms); 0 = never.
+    pub stuck_after_ms: AtomicU64,
+}
+
+/// The answers of the health endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthReport {
+    /// The process runs and, while streaming, its loop turns.
+    pub alive: bool,
+    /// Streaming, and the sink confirms deliveries.
+    pub ready: bool,
+}
+
+impl Metrics {
+    /// Health at `now_unix_ms`: pure over the recorded state.
+    pub fn health_at(&self, now_unix_ms: u64) -> HealthReport {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let streaming = get(&self.health.streaming) == 1;
+        let alive = !streaming || now_unix_ms <= get(&self.health.loop_deadline_unix_ms);
+        let stuck_after_ms = get(&self.health.stuck_after_ms);
+        let waiting_ms = get(&self.oldest_undelivered_seconds).saturating_mul(1000);
+        let stuck = stuck_after_ms > 0 && waiting_ms > stuck_after_ms;
+        HealthReport {
+            alive,
+            ready: streaming && alive && !stuck,
+        }
+    }
+}
+
+/// Now, as unix milliseconds.
+pub fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl Metrics {
@@ -129,16 +261,66 @@ impl Metrics {
                 "How long the oldest event handed to the sink has waited for its confirmation (0 when none waits); one stuck partition shows here.",
                 get(&self.oldest_undelivered_seconds),
             ),
+            (
+                REPLICATION_LAG_BYTES,
+                "gauge",
+                "WAL received from PostgreSQL and not yet acknowledged (received - flush position); the slot retains at least this much.",
+                get(&self.replication_lag_bytes),
+            ),
+            (
+                STREAMING,
+                "gauge",
+                "1 while streaming from the slot (a standby waiting for the slot shows 0).",
+                get(&self.health.streaming),
+            ),
         ] {
             out.push_str(&format!(
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
             ));
         }
+        let lag = get(&self.replication_lag_ms) as f64 / 1000.0;
+        out.push_str(&format!(
+            "# HELP {REPLICATION_LAG_SECONDS} Age, by its commit time on PostgreSQL, of the oldest transaction not yet acknowledged (0 when all are).\n# TYPE {REPLICATION_LAG_SECONDS} gauge\n{REPLICATION_LAG_SECONDS} {lag}\n"
+        ));
+        self.delivery_latency.render(
+            DELIVERY_LATENCY_SECONDS,
+            "Time from an event's commit on PostgreSQL to its delivery confirmation.",
+            &mut out,
+        );
+        for (name, help, counts) in [
+            (
+                TOPIC_DELIVERED_TOTAL,
+                "Records confirmed by the sink, per topic.",
+                &self.delivered_by_topic,
+            ),
+            (
+                TOPIC_DEAD_LETTERED_TOTAL,
+                "Events sent to the dead-letter topic, per the topic they were routed to (empty when routing failed).",
+                &self.dead_lettered_by_topic,
+            ),
+        ] {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n"));
+            for (topic, count) in counts.snapshot() {
+                out.push_str(&format!(
+                    "{name}{{topic=\"{}\"}} {count}\n",
+                    escape_label(&topic)
+                ));
+            }
+        }
         out
     }
 }
 
-/// Serve `GET /metrics` on `listener` until the task is dropped. Anything else gets 404.
+/// A label value in Prometheus' text format: backslash, double quote and newline escaped.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Serve `GET /metrics`, `GET /healthz` and `GET /readyz` on `listener` until the task
+/// is dropped. Anything else gets 404.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
@@ -159,22 +341,45 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
                 _ => return,
             };
             let head = String::from_utf8_lossy(&request[..n]);
-            let response = if head.starts_with("GET /metrics ")
-                || head.starts_with("GET /metrics\r")
-            {
-                let body = metrics.render();
-                format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-            } else {
-                "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-                    .to_owned()
+            let path = head
+                .strip_prefix("GET ")
+                .and_then(|rest| rest.split([' ', '\r']).next())
+                .unwrap_or("");
+            let health = || metrics.health_at(unix_ms_now());
+            let response = match path {
+                "/metrics" => {
+                    let body = metrics.render();
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                }
+                "/healthz" => status_response(health().alive, "alive\n", "the relay's loop stopped turning\n"),
+                "/readyz" => status_response(
+                    health().ready,
+                    "ready\n",
+                    "not streaming from the slot, or the sink has not confirmed deliveries for too long\n",
+                ),
+                _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    .to_owned(),
             };
             let _ = stream.write_all(response.as_bytes()).await;
             let _ = stream.shutdown().await;
         });
     }
+}
+
+/// 200 with `ok`, or 503 with `not_ok`.
+fn status_response(good: bool, ok: &str, not_ok: &str) -> String {
+    let (status, body) = if good {
+        ("200 OK", ok)
+    } else {
+        ("503 Service Unavailable", not_ok)
+    };
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
 }
 
 #[cfg(test)]
@@ -197,7 +402,93 @@ mod tests {
             text.contains(&format!("{FLUSH_LSN} 4294967296\n")),
             "{text}"
         );
-        assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 9);
+        // 11 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
+        // per-topic series before any delivery.
+        assert_eq!(
+            text.lines().filter(|l| !l.starts_with('#')).count(),
+            11 + 1 + 17
+        );
+    }
+
+    #[test]
+    fn the_latency_histogram_is_cumulative() {
+        let histogram = Histogram::default();
+        for seconds in [0.001, 0.02, 0.02, 7.0, 1e9, -1.0, f64::NAN] {
+            histogram.observe(seconds);
+        }
+        let mut text = String::new();
+        histogram.render("h", "help", &mut text);
+        for line in [
+            "h_bucket{le=\"0.005\"} 3\n",
+            "h_bucket{le=\"0.025\"} 5\n",
+            "h_bucket{le=\"5\"} 5\n",
+            "h_bucket{le=\"10\"} 6\n",
+            "h_bucket{le=\"300\"} 6\n",
+            "h_bucket{le=\"+Inf\"} 7\n",
+            "h_count 7\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+
+    #[test]
+    fn per_topic_counts_are_labelled_and_escaped() {
+        let metrics = Metrics::new();
+        metrics.delivered_by_topic.add("orders", 2);
+        metrics.delivered_by_topic.add("orders", 3);
+        metrics.dead_lettered_by_topic.add("we\"ird", 1);
+        let text = metrics.render();
+        assert!(
+            text.contains(&format!("{TOPIC_DELIVERED_TOTAL}{{topic=\"orders\"}} 5\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "{TOPIC_DEAD_LETTERED_TOTAL}{{topic=\"we\\\"ird\"}} 1\n"
+            )),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn health_follows_streaming_the_loop_and_the_sink() {
+        let metrics = Metrics::new();
+        let report = |now| metrics.health_at(now);
+        // Not streaming (starting, or a standby waiting for the slot): alive, not ready.
+        assert_eq!(
+            report(5_000),
+            HealthReport {
+                alive: true,
+                ready: false
+            }
+        );
+        Metrics::set(&metrics.health.streaming, 1);
+        Metrics::set(&metrics.health.loop_deadline_unix_ms, 10_000);
+        Metrics::set(&metrics.health.stuck_after_ms, 30_000);
+        assert_eq!(
+            report(9_000),
+            HealthReport {
+                alive: true,
+                ready: true
+            }
+        );
+        // The loop stopped turning.
+        assert_eq!(
+            report(10_001),
+            HealthReport {
+                alive: false,
+                ready: false
+            }
+        );
+        // The oldest undelivered event waits too long: alive, not ready.
+        Metrics::set(&metrics.oldest_undelivered_seconds, 31);
+        assert_eq!(
+            report(9_000),
+            HealthReport {
+                alive: true,
+                ready: false
+            }
+        );
     }
 
     /// The names are the relay's public interface: dashboards and alerts are written
@@ -221,6 +512,12 @@ mod tests {
                 "outbox_relay_received_lsn gauge",
                 "outbox_relay_last_status_update_unix_seconds gauge",
                 "outbox_relay_oldest_undelivered_seconds gauge",
+                "outbox_relay_replication_lag_bytes gauge",
+                "outbox_relay_streaming gauge",
+                "outbox_relay_replication_lag_seconds gauge",
+                "outbox_relay_commit_to_delivery_seconds histogram",
+                "outbox_relay_topic_delivered_total counter",
+                "outbox_relay_topic_dead_lettered_total counter",
             ]
         );
     }
@@ -246,6 +543,9 @@ mod tests {
         assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
         assert!(ok.contains(&format!("{EVENTS_TOTAL} 7")), "{ok}");
         assert!(get("/other").await.starts_with("HTTP/1.1 404"));
+        assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+        let not_ready = get("/readyz").await;
+        assert!(not_ready.starts_with("HTTP/1.1 503"), "{not_ready}");
         server.abort();
     }
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// (`Lsn` is the crate-root re-export of `lsn::Lsn`.)
 const RULES: &[(&str, &[&str])] = &[
     ("pg", &["pg", "lsn", "Lsn"]),
-    ("sink", &["sink", "event", "lsn", "Lsn"]),
+    ("sink", &["sink", "event", "metrics", "lsn", "Lsn"]),
     (
         "relay",
         &["relay", "pg", "sink", "event", "metrics", "lsn", "Lsn"],

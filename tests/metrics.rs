@@ -1,4 +1,6 @@
-//! Progress is visible in metrics: the relay serves Prometheus text on /metrics.
+//! Progress is visible in metrics: the relay serves Prometheus text on /metrics, and
+//! its health on /healthz and /readyz, which change state when PostgreSQL or the broker
+//! goes away.
 //!
 //! Metric names come from `outbox_relay::metrics`, the constants the relay renders; the
 //! names themselves (what dashboards and alerts are written against) are pinned once, by
@@ -10,19 +12,43 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 
 use outbox_relay::metrics::{
-    EVENTS_TOTAL, FLUSH_LSN, IN_FLIGHT, LAST_STATUS_UNIX_SECONDS, TRANSACTIONS_TOTAL,
+    DELIVERY_LATENCY_SECONDS, EVENTS_TOTAL, FLUSH_LSN, IN_FLIGHT, LAST_STATUS_UNIX_SECONDS,
+    REPLICATION_LAG_BYTES, REPLICATION_LAG_SECONDS, STREAMING, TOPIC_DELIVERED_TOTAL,
+    TRANSACTIONS_TOTAL,
 };
-use support::outbox::{cluster_with_outbox, start_streaming, stdout_config, with_metrics, WAIT};
-use support::PgOptions;
+use support::outbox::{
+    cluster_with_outbox, insert_events, kafka_config, start_streaming, stdout_config, with_metrics,
+    WAIT,
+};
+use support::{wait_until, KafkaBroker, PgOptions};
 
-fn scrape(port: u16) -> Option<String> {
+fn get(port: u16, path: &str) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .write_all(format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n").as_bytes())
         .ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     Some(response)
+}
+
+fn scrape(port: u16) -> Option<String> {
+    get(port, "/metrics")
+}
+
+/// The HTTP status code of `path`, `None` while nothing answers.
+fn status(port: u16, path: &str) -> Option<u16> {
+    get(port, path)?
+        .strip_prefix("HTTP/1.1 ")?
+        .get(..3)?
+        .parse()
+        .ok()
+}
+
+fn wait_status(port: u16, path: &str, code: u16, what: &str) {
+    wait_until(&format!("{path} answers {code}: {what}"), WAIT, || {
+        status(port, path) == Some(code)
+    });
 }
 
 fn value(text: &str, name: &str) -> Option<u64> {
@@ -58,4 +84,91 @@ fn metrics_show_events_and_the_acknowledged_position() {
     assert_eq!(value(&text, TRANSACTIONS_TOTAL), Some(1));
     assert_eq!(value(&text, IN_FLIGHT), Some(0));
     assert!(value(&text, LAST_STATUS_UNIX_SECONDS).unwrap() > 0);
+}
+
+#[test]
+fn per_topic_counts_lag_and_latency_follow_deliveries() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let (config, port) = with_metrics(&stdout_config(&pg));
+    let relay = start_streaming(&config);
+    insert_events(&pg, "order", 4);
+    insert_events(&pg, "customer", 2);
+    relay.wait_for_lines(6, WAIT);
+    let after = pg.current_wal_lsn();
+    let text = support::wait_for("every delivery counted and acknowledged", WAIT, || {
+        let text = scrape(port)?;
+        (value(&text, FLUSH_LSN)? >= after).then_some(text)
+    });
+    let topic = |name: &str| {
+        value(
+            &text,
+            &format!("{TOPIC_DELIVERED_TOTAL}{{topic=\"{name}\"}}"),
+        )
+    };
+    assert_eq!(topic("outbox.event.order"), Some(4), "{text}");
+    assert_eq!(topic("outbox.event.customer"), Some(2), "{text}");
+    assert_eq!(
+        value(&text, &format!("{DELIVERY_LATENCY_SECONDS}_count")),
+        Some(6),
+        "one latency per delivered event: {text}"
+    );
+    assert_eq!(value(&text, REPLICATION_LAG_BYTES), Some(0), "{text}");
+    assert!(
+        text.contains(&format!("\n{REPLICATION_LAG_SECONDS} 0\n")),
+        "everything acknowledged: no lag: {text}"
+    );
+    assert_eq!(value(&text, STREAMING), Some(1));
+}
+
+#[test]
+fn health_goes_unready_while_postgresql_is_away_and_back_when_it_returns() {
+    let mut pg = cluster_with_outbox(PgOptions::default());
+    let (config, port) = with_metrics(&stdout_config(&pg));
+    let relay = start_streaming(&config);
+    wait_status(port, "/readyz", 200, "streaming");
+    assert_eq!(status(port, "/healthz"), Some(200));
+
+    pg.stop_fast();
+    wait_status(port, "/readyz", 503, "PostgreSQL is down");
+    assert_eq!(
+        status(port, "/healthz"),
+        Some(200),
+        "retrying is healthy: a restart of the relay would not help"
+    );
+    assert!(relay.exit_status().is_none(), "the relay keeps retrying");
+
+    pg.start_again();
+    wait_status(port, "/readyz", 200, "streaming again");
+    insert_events(&pg, "back", 1);
+    relay.wait_for_lines(1, WAIT);
+}
+
+#[test]
+fn health_goes_unready_while_the_broker_does_not_confirm_and_back_when_it_does() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let broker = KafkaBroker::start();
+    // The sink counts as stuck once the oldest event waited half of stall_release.
+    let config = format!(
+        "{}[relay]\nstall_release_ms = 6000\n",
+        kafka_config(&pg, &broker.bootstrap(), "", None, &[])
+    );
+    let (config, port) = with_metrics(&config);
+    let relay = start_streaming(&config);
+    insert_events(&pg, "first", 1);
+    relay.wait_metric(
+        port,
+        FLUSH_LSN,
+        "the first event acknowledged",
+        WAIT,
+        |flush| flush >= pg.current_wal_lsn(),
+    );
+    wait_status(port, "/readyz", 200, "streaming, deliveries confirmed");
+
+    broker.pause();
+    insert_events(&pg, "stuck", 1);
+    wait_status(port, "/readyz", 503, "the broker confirms nothing");
+    assert_eq!(status(port, "/healthz"), Some(200));
+
+    broker.resume();
+    wait_status(port, "/readyz", 200, "the broker confirms again");
 }

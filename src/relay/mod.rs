@@ -5,6 +5,7 @@ pub mod ack;
 pub mod backoff;
 pub mod deadletter;
 pub mod feedback;
+pub mod lag;
 pub mod liveness;
 pub mod pipeline;
 pub mod repair;

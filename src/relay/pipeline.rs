@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::metrics::Metrics;
+use crate::metrics::{unix_ms_now, Metrics};
 use crate::pg::conn::{CopyEvent, DbError, PgConnection, PgError};
 use crate::pg::diagnose;
 use crate::pg::pgoutput::{self, PgTimestamp, StreamState};
@@ -36,6 +36,7 @@ use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
 use crate::relay::deadletter::{self, DeadLetter, Refusal};
 use crate::relay::feedback::{feedback, Feedback};
+use crate::relay::lag::CommitTimes;
 use crate::relay::liveness::{Liveness, TickInput};
 use crate::relay::router::OutboxEvent;
 use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
@@ -43,6 +44,8 @@ use crate::relay::watch::{OutboxWatch, WatchReport};
 use crate::relay::RelayError;
 use crate::sink::{RecordTag, SendError, Sink, SinkError, SinkNotice, TopicStatus, TxnSeq};
 
+/// `/healthz` fails when the loop has not turned for this many status intervals.
+pub(super) const HEALTHY_TICKS: u32 = 3;
 /// How long closing the connection politely may take at shutdown.
 pub(super) const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// An attempt that ran this long resets the backoff: the fault was not persistent.
@@ -99,6 +102,8 @@ pub(super) struct Pipeline {
     pub(super) logged: Progress,
     /// When PostgreSQL, the watch or the sink is taken for dead.
     pub(super) liveness: Liveness,
+    /// Commit times of the transactions not yet acknowledged (lag and latency).
+    pub(super) commit_times: CommitTimes,
     pub(super) metrics: Arc<Metrics>,
     /// When the last status update went out, and the flush position it carried.
     pub(super) last_status_at: Instant,
@@ -144,6 +149,11 @@ impl Pipeline {
                     self.ask_watch();
                 }
                 _ = timer.tick() => {
+                    // The loop turns: /healthz stays good for a few more intervals.
+                    let deadline = unix_ms_now().saturating_add(
+                        u64::try_from((interval * HEALTHY_TICKS).as_millis()).unwrap_or(u64::MAX),
+                    );
+                    Metrics::set(&self.metrics.health.loop_deadline_unix_ms, deadline);
                     self.ask_watch();
                     if self.last_reported > self.last_recorded {
                         // For the lost-slot check: where the slot stood, kept in the
@@ -261,7 +271,10 @@ impl Pipeline {
 
     fn on_step(&mut self, step: Step) -> Result<(), RelayError> {
         match step {
-            Step::Begin { seq } => self.tracker.begin(seq)?,
+            Step::Begin { seq, commit_ts_ms } => {
+                self.tracker.begin(seq)?;
+                self.commit_times.begin(seq, commit_ts_ms);
+            }
             Step::Event { seq, event } => {
                 match event {
                     Ok(event) => self.dispatch(event, seq)?,
@@ -274,6 +287,7 @@ impl Pipeline {
             }
             Step::Commit { seq, end_lsn } => {
                 self.tracker.commit(seq, end_lsn)?;
+                self.commit_times.commit(seq, end_lsn);
                 self.progress.transactions += 1;
                 Metrics::add(&self.metrics.transactions, 1);
                 self.sink.flush()?;
@@ -448,6 +462,9 @@ impl Pipeline {
         let ticket = self.tracker.event_sent(seq, Instant::now())?;
         self.progress.dead_lettered += 1;
         Metrics::add(&self.metrics.dead_lettered, 1);
+        self.metrics
+            .dead_lettered_by_topic
+            .add(letter.original_topic.as_deref().unwrap_or(""), 1);
         let tag = RecordTag {
             ticket,
             dead_letter: true,
@@ -464,7 +481,16 @@ impl Pipeline {
 
     fn on_notice(&mut self, notice: SinkNotice) -> Result<(), RelayError> {
         match notice {
-            SinkNotice::Delivered { tag } => self.tracker.delivered(tag.ticket)?,
+            SinkNotice::Delivered { tag } => {
+                if let Some(commit_ms) = self.commit_times.commit_ts_ms(tag.ticket.seq()) {
+                    let waited_ms =
+                        unix_ms_now().saturating_sub(u64::try_from(commit_ms).unwrap_or(0));
+                    self.metrics
+                        .delivery_latency
+                        .observe(waited_ms as f64 / 1000.0);
+                }
+                self.tracker.delivered(tag.ticket)?
+            }
             SinkNotice::Failed { tag, failure } => self.refused(
                 tag,
                 failure.event.map(|event| *event),
@@ -527,6 +553,16 @@ impl Pipeline {
         self.status_due = None;
         Metrics::set(&self.metrics.flush_lsn, flush.0);
         Metrics::set(&self.metrics.received_lsn, update.write.0);
+        Metrics::set(
+            &self.metrics.replication_lag_bytes,
+            update.write.0.saturating_sub(flush.0),
+        );
+        self.commit_times.acknowledged(flush);
+        let now_ms = i64::try_from(unix_ms_now()).unwrap_or(i64::MAX);
+        Metrics::set(
+            &self.metrics.replication_lag_ms,
+            self.commit_times.lag_ms(now_ms),
+        );
         Metrics::set(&self.metrics.in_flight, self.tracker.in_flight());
         let unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)

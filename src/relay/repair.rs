@@ -129,6 +129,7 @@ pub async fn backfill(
         SinkOptions {
             max_in_flight: settings.relay.max_in_flight,
             keep_events: false,
+            metrics: crate::metrics::Metrics::new(),
         },
     )?;
 

@@ -18,8 +18,11 @@ use crate::pg::slot;
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
 use crate::relay::backoff::Backoff;
+use crate::relay::lag::CommitTimes;
 use crate::relay::liveness::{receive_timeout, status_interval, Liveness, LivenessLimits};
-use crate::relay::pipeline::{stopped, Pipeline, Progress, BACKOFF_RESET_AFTER, CLOSE_WAIT};
+use crate::relay::pipeline::{
+    stopped, Pipeline, Progress, BACKOFF_RESET_AFTER, CLOSE_WAIT, HEALTHY_TICKS,
+};
 use crate::relay::settings::Settings;
 use crate::relay::txn::TxnAssembler;
 use crate::relay::watch::{OutboxWatch, WatchTarget};
@@ -45,7 +48,7 @@ pub async fn run(
                 .map_err(|e| {
                     RelayError::Metrics(format!("cannot listen on {}: {e}", config.listen))
                 })?;
-            tracing::info!(listen = %config.listen, "serving Prometheus metrics on /metrics");
+            tracing::info!(listen = %config.listen, "serving Prometheus metrics on /metrics, health on /healthz and /readyz");
             Some(AbortOnDrop(tokio::spawn(crate::metrics::serve(
                 listener,
                 Arc::clone(&metrics),
@@ -97,6 +100,27 @@ async fn unless_stopped<T>(
         biased;
         () = stopped(stop) => None,
         value = future => Some(value),
+    }
+}
+
+/// Marks the metrics' health state as streaming while alive.
+struct Streaming<'a>(&'a Metrics);
+
+impl<'a> Streaming<'a> {
+    fn start(metrics: &'a Metrics, interval: Duration, stuck_after_ms: u64) -> Self {
+        let deadline = crate::metrics::unix_ms_now().saturating_add(
+            u64::try_from((interval * HEALTHY_TICKS).as_millis()).unwrap_or(u64::MAX),
+        );
+        Metrics::set(&metrics.health.loop_deadline_unix_ms, deadline);
+        Metrics::set(&metrics.health.stuck_after_ms, stuck_after_ms);
+        Metrics::set(&metrics.health.streaming, 1);
+        Streaming(metrics)
+    }
+}
+
+impl Drop for Streaming<'_> {
+    fn drop(&mut self) {
+        Metrics::set(&self.0.health.streaming, 0);
     }
 }
 
@@ -174,6 +198,7 @@ async fn run_attempt(
         SinkOptions {
             max_in_flight: settings.relay.max_in_flight,
             keep_events: dead_letter_topic.is_some(),
+            metrics: Arc::clone(metrics),
         },
     )?;
     if let Some(topic) = &dead_letter_topic {
@@ -237,6 +262,8 @@ async fn run_attempt(
     let mut tracker = AckTracker::new(prepared.slot_lsn, 0);
     // Nothing is acknowledged until the watch has vouched for it.
     tracker.cap_at(prepared.slot_lsn);
+    // Streaming from here: /readyz says so until this attempt ends.
+    let _streaming = Streaming::start(metrics, interval, settings.relay.stall_release_ms / 2);
     let mut pipeline = Pipeline {
         conn,
         sink,
@@ -255,6 +282,7 @@ async fn run_attempt(
         waiting: VecDeque::new(),
         progress: start,
         logged: start,
+        commit_times: CommitTimes::default(),
         liveness: Liveness::new(
             LivenessLimits {
                 status_interval: interval,

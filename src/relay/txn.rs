@@ -17,8 +17,9 @@ use crate::sink::TxnSeq;
 /// What the pipeline must do after one message.
 #[derive(Debug)]
 pub enum Step {
-    /// A transaction began; register it with the ack tracker.
-    Begin { seq: TxnSeq },
+    /// A transaction began; register it with the ack tracker. `commit_ts_ms`: its
+    /// commit time on PostgreSQL (protocol v1 sends a transaction after it committed).
+    Begin { seq: TxnSeq, commit_ts_ms: i64 },
     /// An outbox row of transaction `seq`, routed (or why it could not be).
     Event {
         seq: TxnSeq,
@@ -147,13 +148,14 @@ impl TxnAssembler {
                 }
                 let seq = self.next_seq;
                 self.next_seq += 1;
+                let commit_ts_ms = commit_ts.unix_millis();
                 self.open = Some(OpenTxn {
                     seq,
                     xid,
                     final_lsn,
-                    commit_ts_ms: commit_ts.unix_millis(),
+                    commit_ts_ms,
                 });
-                Ok(Step::Begin { seq })
+                Ok(Step::Begin { seq, commit_ts_ms })
             }
             PgOutputMessage::Commit { end_lsn, .. } => {
                 let open = self
@@ -350,7 +352,7 @@ mod tests {
         let cols = ["id", "aggregatetype", "aggregateid", "type", "payload"];
         assert!(matches!(
             a.apply(begin(), Lsn(0)).unwrap(),
-            Step::Begin { seq: 0 }
+            Step::Begin { seq: 0, .. }
         ));
         assert!(matches!(
             a.apply(relation(1, "outbox", &cols), Lsn(0)).unwrap(),
@@ -382,7 +384,7 @@ mod tests {
         ));
         assert!(matches!(
             a.apply(begin(), Lsn(0)).unwrap(),
-            Step::Begin { seq: 1 }
+            Step::Begin { seq: 1, .. }
         ));
     }
 

@@ -27,6 +27,7 @@ use rdkafka::ClientContext;
 use tokio::task::JoinSet;
 
 use crate::event::OutboxEvent;
+use crate::metrics::Metrics;
 use crate::sink::kafka_config::KafkaConfig;
 use crate::sink::kafka_config::{admin_config, producer_config};
 use crate::sink::kafka_errors::{action, is_size_error, stop_hint, ErrorAction};
@@ -52,6 +53,8 @@ struct RelayContext {
     notices: NoticeSender,
     /// The producer's `message.max.bytes`, for error messages.
     max_message_bytes: String,
+    /// Deliveries are counted per topic here.
+    metrics: Arc<Metrics>,
 }
 
 impl ClientContext for RelayContext {
@@ -69,7 +72,10 @@ impl ProducerContext for RelayContext {
     fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
         let InFlight { tag, event } = *in_flight;
         let notice = match result {
-            Ok(_) => SinkNotice::Delivered { tag },
+            Ok(message) => {
+                self.metrics.delivered_by_topic.add(message.topic(), 1);
+                SinkNotice::Delivered { tag }
+            }
             Err((error, message)) => {
                 let code = error
                     .rdkafka_error_code()
@@ -149,6 +155,7 @@ impl KafkaSink {
         notices: NoticeSender,
         max_in_flight: usize,
         keep_events: bool,
+        metrics: Arc<Metrics>,
     ) -> Result<Self, SinkError> {
         let max_message_bytes = settings
             .properties
@@ -160,6 +167,7 @@ impl KafkaSink {
                 .create_with_context(RelayContext {
                     notices: notices.clone(),
                     max_message_bytes: max_message_bytes.clone(),
+                    metrics,
                 })
                 .map_err(|e| SinkError::KafkaSetup(e.to_string()))?;
         let admin = admin_config(&settings.brokers, &settings.properties)

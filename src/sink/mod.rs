@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 
 pub use crate::event::TxnSeq;
 use crate::event::{OutboxEvent, Ticket};
+use crate::metrics::Metrics;
 use kafka_config::KafkaConfig;
 
 /// `[sink]`: where events go.
@@ -42,13 +43,15 @@ pub enum SinkKind {
 }
 
 /// What the relay asks of a sink it builds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct SinkOptions {
     /// Events in flight at most (sizes the producer queue).
     pub max_in_flight: usize,
     /// Keep each event until its report, so a refused one can go to the dead-letter
     /// topic.
     pub keep_events: bool,
+    /// Where the sink counts what it delivered, per topic.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Builds a sink for each pipeline attempt.
@@ -82,12 +85,15 @@ impl SinkSpec {
         options: SinkOptions,
     ) -> Result<Box<dyn Sink>, SinkError> {
         Ok(match self {
-            SinkSpec::Stdout => Box::new(stdout::StdoutSink::stdout(notices)),
+            SinkSpec::Stdout => {
+                Box::new(stdout::StdoutSink::stdout(notices).counting_into(options.metrics))
+            }
             SinkSpec::Kafka(kafka) => Box::new(kafka::KafkaSink::new(
                 kafka,
                 notices,
                 options.max_in_flight,
                 options.keep_events,
+                options.metrics,
             )?),
             SinkSpec::Custom(make) => make(notices, options)?,
         })

@@ -12,8 +12,10 @@
 
 use std::fmt::Write as _;
 use std::io::Write;
+use std::sync::Arc;
 
 use crate::event::{OutboxEvent, PayloadFormat};
+use crate::metrics::Metrics;
 use crate::sink::{NoticeSender, RecordTag, SendError, Sink, SinkError, SinkNotice};
 
 /// Writes JSON lines to any writer (stdout in production, a buffer in tests).
@@ -22,7 +24,11 @@ pub struct StdoutSink<W: Write + Send> {
     reports: NoticeSender,
     /// Records written since the last flush, in order.
     unflushed: Vec<RecordTag>,
+    /// Their count per topic (few topics: a short list).
+    unflushed_topics: Vec<(String, u64)>,
     line: Vec<u8>,
+    /// Where deliveries are counted per topic, if anywhere.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl StdoutSink<std::io::Stdout> {
@@ -37,8 +43,16 @@ impl<W: Write + Send> StdoutSink<W> {
             out: std::io::BufWriter::with_capacity(256 * 1024, out),
             reports,
             unflushed: Vec::new(),
+            unflushed_topics: Vec::new(),
             line: Vec::with_capacity(1024),
+            metrics: None,
         }
+    }
+
+    /// Count deliveries per topic in `metrics`.
+    pub fn counting_into(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     #[cfg(test)]
@@ -131,6 +145,16 @@ impl<W: Write + Send> Sink for StdoutSink<W> {
         render_line(&event, &mut self.line);
         self.out.write_all(&self.line).map_err(SinkError::from)?;
         self.unflushed.push(tag);
+        if self.metrics.is_some() {
+            match self
+                .unflushed_topics
+                .iter_mut()
+                .find(|(topic, _)| *topic == event.topic)
+            {
+                Some((_, count)) => *count += 1,
+                None => self.unflushed_topics.push((event.topic, 1)),
+            }
+        }
         Ok(())
     }
 
@@ -142,6 +166,11 @@ impl<W: Write + Send> Sink for StdoutSink<W> {
         for tag in self.unflushed.drain(..) {
             // A closed channel means the pipeline is gone; nothing is left to tell.
             let _ = self.reports.send(SinkNotice::Delivered { tag });
+        }
+        if let Some(metrics) = &self.metrics {
+            for (topic, count) in self.unflushed_topics.drain(..) {
+                metrics.delivered_by_topic.add(&topic, count);
+            }
         }
         Ok(())
     }
