@@ -17,8 +17,18 @@ use tracing_subscriber::EnvFilter;
     about = "Transactional outbox relay: PostgreSQL logical replication to Kafka (or stdout)"
 )]
 struct Cli {
+    /// Log lines as text for people (default) or as one JSON object per line for log
+    /// pipelines (Loki, Elasticsearch, CloudWatch). Logs go to stderr either way.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -70,16 +80,22 @@ enum SlotCommand {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
     // Logs go to stderr: stdout belongs to the stdout sink's events.
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        // Colours only for a person at a terminal, never in log files or pipes.
-        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
-    let cli = Cli::parse();
+        );
+    match cli.log_format {
+        // Colours only for a person at a terminal, never in log files or pipes.
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        // One object per line: timestamp, level, target, message and the fields.
+        LogFormat::Json => {
+            logs.json().flatten_event(true).init();
+            JSON_LOGS.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     match cli.command {
         Command::Check { config } => match Config::load(&config) {
             Ok(_) => {
@@ -169,9 +185,16 @@ fn load_with_runtime(
     Ok((settings, runtime))
 }
 
+/// Whether logs are JSON lines (`--log-format json`): then the final error is one too.
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Print the error with its causes (each once) on stderr and fail.
 fn fail(error: &dyn std::error::Error) -> ExitCode {
-    eprintln!("{}", describe(error));
+    if JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed) {
+        tracing::error!(error = %describe(error).trim_start_matches("error: "), "stopped with an error");
+    } else {
+        eprintln!("{}", describe(error));
+    }
     ExitCode::FAILURE
 }
 

@@ -7,7 +7,7 @@ use outbox_relay_harness as support;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::outbox::{cluster_with_outbox, SLOT, WAIT};
+use support::outbox::{cluster_with_outbox, insert_events, stdout_config, SLOT, WAIT};
 use support::{PgCluster, PgOptions, RelayProcess};
 
 /// The relay's config with defaults everywhere else (status interval included: the
@@ -389,4 +389,45 @@ fn transactions_without_outbox_rows_between_events_are_acknowledged() {
         assert_eq!(v["headers"]["id"], v["key"], "{line}");
         assert_eq!(v["value"], serde_json::json!({}), "event {n}: {line}");
     }
+}
+
+#[test]
+fn json_logs_are_one_object_per_line_including_the_final_error() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay =
+        support::RelayProcess::start_with_args(&stdout_config(&pg), &["--log-format", "json"], &[]);
+    relay.wait_streaming(&pg.url("postgres", None, "app"), SLOT, WAIT);
+    insert_events(&pg, "json", 1);
+    relay.wait_for_lines(1, WAIT);
+    // A definite error ends the run: the publication disappears.
+    pg.client_db("app")
+        .batch_execute("DROP PUBLICATION outbox_relay")
+        .unwrap();
+    insert_events(&pg, "json", 1);
+    let status = relay.wait_exit(WAIT);
+    assert!(!status.success());
+    let stderr = relay.stderr();
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"))
+        })
+        .collect();
+    assert!(
+        lines.iter().any(
+            |l| l["message"] == outbox_relay::relay::log::STARTING_REPLICATION
+                && l["slot"] == SLOT
+                && l["level"] == "INFO"
+        ),
+        "{stderr}"
+    );
+    let last = lines.last().expect("log lines");
+    assert_eq!(last["level"], "ERROR", "{stderr}");
+    assert!(
+        last["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("CREATE PUBLICATION")),
+        "{stderr}"
+    );
 }

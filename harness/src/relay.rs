@@ -47,9 +47,16 @@ impl RelayProcess {
 
     /// Like [`RelayProcess::start`] with extra environment variables for the relay.
     pub fn start_with_env(config_toml: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_with_args(config_toml, &[], env)
+    }
+
+    /// Like [`RelayProcess::start_with_env`] with global options (`--log-format json`)
+    /// before the `run` command.
+    pub fn start_with_args(config_toml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let (dir, config_path) = write_config(config_toml);
         let mut command = Command::new(relay_bin());
         command
+            .args(args)
             .arg("run")
             .arg("--config")
             .arg(&config_path)
