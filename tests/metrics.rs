@@ -172,3 +172,44 @@ fn health_goes_unready_while_the_broker_does_not_confirm_and_back_when_it_does()
     broker.resume();
     wait_status(port, "/readyz", 200, "the broker confirms again");
 }
+
+/// The Grafana dashboard (`deploy/grafana/outbox-relay.json`) queries only metrics the
+/// relay serves: a renamed metric would leave a panel empty without this.
+#[test]
+fn the_grafana_dashboard_queries_only_metrics_the_relay_serves() {
+    let path = support::repo_root().join("deploy/grafana/outbox-relay.json");
+    let text = std::fs::read_to_string(&path).expect("reading the dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("dashboard JSON");
+    let served = outbox_relay::metrics::Metrics::new().render();
+    let served: Vec<&str> = served
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|line| line.split(' ').next())
+        .collect();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 8, "a dashboard with its panels");
+    let mut queried = 0;
+    for panel in panels {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("a query");
+            for (at, _) in expr.match_indices("outbox_relay_") {
+                let name: String = expr[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|suffix| name.strip_suffix(suffix))
+                    .filter(|base| served.contains(base))
+                    .unwrap_or(&name);
+                assert!(
+                    served.contains(&base),
+                    "panel {:?} queries {name}, which the relay does not serve",
+                    panel["title"]
+                );
+                queried += 1;
+            }
+        }
+    }
+    assert!(queried > 10);
+}
