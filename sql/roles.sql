@@ -23,7 +23,7 @@ CREATE TABLE IF NOT EXISTS public.outbox_relay_state (
     gap_from_lsn      pg_lsn,
     gap_to_lsn        pg_lsn
 );
-GRANT SELECT, INSERT, UPDATE ON public.outbox_relay_state TO outbox_relay;
+GRANT SELECT, INSERT, UPDATE, DELETE ON public.outbox_relay_state TO outbox_relay;  -- DELETE: slot drop --forget
 
 -- The application's role may only INSERT into the outbox: it can publish events but
 -- never rewrite or delete history that consumers may not have seen.

@@ -44,10 +44,57 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Print the SQL that sets up a database for the relay (the outbox table, its
+    /// state table, the publication, a relay role and an application role that may
+    /// only INSERT into the outbox); with --apply, run it.
+    Init {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Partition the outbox by month of created_at (old months are dropped whole).
+        #[arg(long)]
+        partitioned: bool,
+        /// The relay's role (LOGIN REPLICATION, SELECT on the outbox).
+        #[arg(long, default_value = "outbox_relay")]
+        relay_role: String,
+        /// The application's role (INSERT on the outbox, nothing else).
+        #[arg(long, default_value = "app_writer")]
+        app_role: String,
+        /// Run the SQL (in one transaction) instead of printing it.
+        #[arg(long)]
+        apply: bool,
+        /// Connect as this user to apply (one that may create roles, tables and
+        /// publications); default: [postgres] url. The password may come from PGPASSWORD.
+        #[arg(long)]
+        admin_url: Option<String>,
+    },
     /// Manage the replication slot.
     Slot {
         #[command(subcommand)]
         command: SlotCommand,
+    },
+    /// Delete outbox rows older than --older-than that the slot has provably passed, in
+    /// short batches (a partitioned outbox: whole old partitions are dropped). Refuses
+    /// when the relay lags behind the rows it would delete.
+    Cleanup {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// A PostgreSQL interval, e.g. 7d, '36 hours'.
+        #[arg(long)]
+        older_than: String,
+        /// The outbox's timestamp column.
+        #[arg(long, default_value = "created_at")]
+        column: String,
+        /// Rows per DELETE transaction.
+        #[arg(long, default_value_t = 1000)]
+        batch: u32,
+        /// How long to wait for the slot to acknowledge everything committed before the
+        /// cleanup started.
+        #[arg(long, default_value_t = 60)]
+        wait_seconds: u64,
+        /// Connect as this user (DELETE on the outbox; owner of its partitions to drop
+        /// them); default: [postgres] url. The password may come from PGPASSWORD.
+        #[arg(long)]
+        admin_url: Option<String>,
     },
     /// Re-send the outbox rows still in the table from a given time on (after a lost
     /// slot or an outbox that left the publication). At-least-once: consumers
@@ -76,6 +123,24 @@ enum SlotCommand {
         /// Start past the gap knowingly.
         #[arg(long)]
         accept_gap: bool,
+    },
+    /// Where the slot stands: position, lag in bytes and time, retained WAL,
+    /// wal_status, the walsender streaming from it, the relay's record.
+    Status {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// One JSON object, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop the slot (refused while a relay streams from it). The relay's record of it
+    /// stays, so no relay replaces it silently; --forget removes the record too.
+    Drop {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Also remove the relay's record of the slot (decommissioning).
+        #[arg(long)]
+        forget: bool,
     },
 }
 
@@ -143,6 +208,120 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
+        Command::Init {
+            config,
+            partitioned,
+            relay_role,
+            app_role,
+            apply,
+            admin_url,
+        } => {
+            let (settings, runtime) = match load_with_runtime(&config) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
+            };
+            let script = outbox_relay::relay::admin::init_script(
+                &settings,
+                partitioned,
+                &relay_role,
+                &app_role,
+            );
+            if !apply {
+                print!("{script}");
+                return ExitCode::SUCCESS;
+            }
+            let admin = match admin_params(admin_url.as_deref()) {
+                Ok(admin) => admin.unwrap_or_else(|| settings.connect.clone()),
+                Err(code) => return code,
+            };
+            match runtime.block_on(outbox_relay::relay::admin::apply_script(&admin, &script)) {
+                Ok(()) => {
+                    eprintln!(
+                        "applied the set-up SQL as {:?}; set the passwords of roles {relay_role:?} and {app_role:?} (ALTER ROLE ... PASSWORD)",
+                        admin.user
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        Command::Slot {
+            command: SlotCommand::Status { config, json },
+        } => {
+            let (settings, runtime) = match load_with_runtime(&config) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
+            };
+            match runtime.block_on(outbox_relay::relay::admin::slot_status(&settings)) {
+                Ok(status) => {
+                    if json {
+                        println!("{}", status.to_json());
+                    } else {
+                        print!("{}", status.describe());
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        Command::Slot {
+            command: SlotCommand::Drop { config, forget },
+        } => {
+            let (settings, runtime) = match load_with_runtime(&config) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
+            };
+            match runtime.block_on(outbox_relay::relay::admin::slot_drop(&settings, forget)) {
+                Ok(said) => {
+                    eprintln!("{said}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        Command::Cleanup {
+            config,
+            older_than,
+            column,
+            batch,
+            wait_seconds,
+            admin_url,
+        } => {
+            let (settings, runtime) = match load_with_runtime(&config) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
+            };
+            let admin = match admin_params(admin_url.as_deref()) {
+                Ok(admin) => admin,
+                Err(code) => return code,
+            };
+            let options = outbox_relay::relay::admin::CleanupOptions {
+                older_than,
+                column,
+                batch: batch.max(1),
+                wait: std::time::Duration::from_secs(wait_seconds),
+                admin,
+            };
+            match runtime.block_on(outbox_relay::relay::admin::cleanup(&settings, &options)) {
+                Ok(report) => {
+                    eprintln!(
+                        "cleanup: deleted {} rows older than {} that the slot has passed{}",
+                        report.deleted_rows,
+                        report.cutoff,
+                        if report.dropped_partitions.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                "; dropped partitions {}",
+                                report.dropped_partitions.join(", ")
+                            )
+                        }
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
         Command::Backfill {
             config,
             since,
@@ -168,6 +347,29 @@ fn main() -> ExitCode {
                 }
                 Err(e) => fail(&e),
             }
+        }
+    }
+}
+
+/// `--admin-url`, the password from PGPASSWORD when the URL has none.
+fn admin_params(
+    url: Option<&str>,
+) -> Result<Option<outbox_relay::pg::url::ConnectParams>, ExitCode> {
+    let Some(url) = url else {
+        return Ok(None);
+    };
+    match outbox_relay::pg::url::ConnectParams::from_url(url) {
+        Ok(mut params) => {
+            if params.password.is_none() {
+                params.password = std::env::var("PGPASSWORD")
+                    .ok()
+                    .map(outbox_relay::pg::url::Secret::new);
+            }
+            Ok(Some(params))
+        }
+        Err(e) => {
+            eprintln!("error: --admin-url: {e}");
+            Err(ExitCode::FAILURE)
         }
     }
 }

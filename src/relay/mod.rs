@@ -2,6 +2,7 @@
 //! ties them to the replication connection and a sink.
 
 pub mod ack;
+pub mod admin;
 pub mod backoff;
 pub mod deadletter;
 pub mod feedback;

@@ -1,0 +1,197 @@
+//! The set-up SQL `outbox-relay init` prints (or applies): pure. One script, safe to run
+//! again (every object is created only when missing):
+//!
+//! ```text
+//! outbox table     Debezium's default shape; or partitioned by created_at (monthly
+//!                  range partitions for this month and the next, and a DEFAULT one)
+//! state table      the relay's record of its slot (crate::pg::state)
+//! publication      inserts only; published via the root when partitioned
+//! relay role       LOGIN REPLICATION; SELECT on the outbox; its state table
+//! app role         may only INSERT into the outbox (the seed lesson: an application
+//!                  can publish events but never rewrite or delete them)
+//! ```
+//!
+//! Roles are created without passwords: set them with `ALTER ROLE … PASSWORD` (or
+//! `\password` in psql), never in a script kept in version control.
+
+use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
+use crate::pg::state;
+
+/// What to set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitSpec {
+    pub table: QualifiedName,
+    pub state_table: QualifiedName,
+    pub publication: String,
+    pub partitioned: bool,
+    pub relay_role: String,
+    pub app_role: String,
+}
+
+/// The whole script.
+pub fn setup_sql(spec: &InitSpec) -> String {
+    let table = spec.table.quoted();
+    let schema = quote_ident(&spec.table.schema);
+    let relay = quote_ident(&spec.relay_role);
+    let app = quote_ident(&spec.app_role);
+    let mut sql = String::new();
+    sql.push_str(&format!(
+        "-- outbox-relay set-up for {}: safe to run again.\n\n",
+        spec.table
+    ));
+    sql.push_str(&outbox_table_sql(spec));
+    sql.push_str(&format!(
+        "\n-- The relay's record of its slot (a lost slot is never silently replaced).\n{};\n",
+        state::create_table_sql(&spec.state_table)
+    ));
+    let via_root = if spec.partitioned {
+        ", publish_via_partition_root = true"
+    } else {
+        ""
+    };
+    sql.push_str(&format!(
+        "\n-- Inserts only: deletes (cleanup) and updates never reach the stream.\n\
+         DO $$ BEGIN\n  IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = {}) THEN\n    \
+         CREATE PUBLICATION {} FOR TABLE {table} WITH (publish = 'insert'{via_root});\n  END IF;\nEND $$;\n",
+        quote_literal(&spec.publication),
+        quote_ident(&spec.publication),
+    ));
+    sql.push_str(&format!(
+        "\n-- The relay: streams the WAL (REPLICATION), reads the outbox, keeps its record\n\
+         -- (DELETE for `slot drop --forget`).\n\
+         {}\n\
+         GRANT USAGE ON SCHEMA {schema} TO {relay};\n\
+         GRANT SELECT ON {table} TO {relay};\n\
+         GRANT USAGE ON SCHEMA {} TO {relay};\n\
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {relay};\n",
+        create_role_sql(&spec.relay_role, "LOGIN REPLICATION"),
+        quote_ident(&spec.state_table.schema),
+        spec.state_table.quoted(),
+    ));
+    sql.push_str(&format!(
+        "\n-- The application: may INSERT into the outbox, nothing else (no UPDATE, DELETE\n\
+         -- or TRUNCATE: events, once written, are history).\n\
+         {}\n\
+         GRANT USAGE ON SCHEMA {schema} TO {app};\n\
+         GRANT INSERT ON {table} TO {app};\n",
+        create_role_sql(&spec.app_role, "LOGIN"),
+    ));
+    sql.push_str(&format!(
+        "\n-- Set the passwords (not kept in this script):\n\
+         --   ALTER ROLE {relay} PASSWORD '...';\n\
+         --   ALTER ROLE {app} PASSWORD '...';\n"
+    ));
+    sql
+}
+
+fn create_role_sql(role: &str, attributes: &str) -> String {
+    format!(
+        "DO $$ BEGIN\n  IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = {}) THEN\n    \
+         CREATE ROLE {} {attributes};\n  END IF;\nEND $$;",
+        quote_literal(role),
+        quote_ident(role)
+    )
+}
+
+/// Debezium's default outbox shape; partitioned by `created_at` when asked.
+fn outbox_table_sql(spec: &InitSpec) -> String {
+    let table = spec.table.quoted();
+    let columns = "    id            uuid         NOT NULL DEFAULT gen_random_uuid(),\n    \
+         aggregatetype varchar(255) NOT NULL,  -- routes the event: topic outbox.event.<aggregatetype>\n    \
+         aggregateid   varchar(255) NOT NULL,  -- the aggregate's id (key_column = \"aggregateid\" keys by it)\n    \
+         type          varchar(255) NOT NULL,  -- event type, e.g. OrderCreated\n    \
+         payload       jsonb,                  -- the event body, written to Kafka as JSON\n    \
+         created_at    timestamptz  NOT NULL DEFAULT now(),\n";
+    if !spec.partitioned {
+        return format!(
+            "-- The outbox, in Debezium's default shape.\nCREATE TABLE IF NOT EXISTS {table} (\n{columns}    PRIMARY KEY (id)\n);\n"
+        );
+    }
+    let default_partition = QualifiedName {
+        schema: spec.table.schema.clone(),
+        name: format!("{}_default", spec.table.name),
+    };
+    format!(
+        "-- The outbox, in Debezium's default shape, partitioned by month of created_at: old\n\
+         -- months are dropped whole (outbox-relay cleanup) instead of deleted row by row.\n\
+         CREATE TABLE IF NOT EXISTS {table} (\n{columns}    PRIMARY KEY (id, created_at)\n) PARTITION BY RANGE (created_at);\n\
+         CREATE TABLE IF NOT EXISTS {} PARTITION OF {table} DEFAULT;\n\
+         -- This month's and next month's partitions; create later ones ahead of time\n\
+         -- (pg_partman, or a monthly job running this block).\n\
+         DO $$\nDECLARE\n  month date;\nBEGIN\n  FOR i IN 0..1 LOOP\n    \
+         month := date_trunc('month', now())::date + make_interval(months => i);\n    \
+         EXECUTE format('CREATE TABLE IF NOT EXISTS %I.%I PARTITION OF %s FOR VALUES FROM (%L) TO (%L)',\n      \
+         {}, {} || '_' || to_char(month, 'YYYY_MM'), {}, month, month + interval '1 month');\n  \
+         END LOOP;\nEND $$;\n",
+        default_partition.quoted(),
+        quote_literal(&spec.table.schema),
+        quote_literal(&spec.table.name),
+        quote_literal(&table),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(partitioned: bool) -> InitSpec {
+        InitSpec {
+            table: QualifiedName::parse("public.outbox").unwrap(),
+            state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
+            publication: "outbox_relay".into(),
+            partitioned,
+            relay_role: "outbox_relay".into(),
+            app_role: "app_writer".into(),
+        }
+    }
+
+    #[test]
+    fn the_script_sets_up_every_object_once() {
+        let sql = setup_sql(&spec(false));
+        for needle in [
+            "CREATE TABLE IF NOT EXISTS \"public\".\"outbox\"",
+            "CREATE TABLE IF NOT EXISTS \"public\".\"outbox_relay_state\"",
+            "CREATE PUBLICATION \"outbox_relay\" FOR TABLE \"public\".\"outbox\" WITH (publish = 'insert');",
+            "CREATE ROLE \"outbox_relay\" LOGIN REPLICATION;",
+            "GRANT SELECT ON \"public\".\"outbox\" TO \"outbox_relay\";",
+            "GRANT INSERT ON \"public\".\"outbox\" TO \"app_writer\";",
+        ] {
+            assert!(sql.contains(needle), "{needle} in\n{sql}");
+        }
+        assert!(
+            sql.lines()
+                .filter(|line| !line.trim_start().starts_with("--"))
+                .all(|line| !line.contains("PASSWORD")),
+            "no password in the script's statements"
+        );
+        assert!(!sql.contains("UPDATE ON \"public\".\"outbox\""));
+        assert!(!sql.contains("PARTITION"));
+    }
+
+    #[test]
+    fn a_partitioned_outbox_is_published_through_its_root() {
+        let sql = setup_sql(&spec(true));
+        assert!(sql.contains("PARTITION BY RANGE (created_at)"), "{sql}");
+        assert!(sql.contains("PRIMARY KEY (id, created_at)"), "{sql}");
+        assert!(
+            sql.contains("WITH (publish = 'insert', publish_via_partition_root = true)"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("\"public\".\"outbox_default\" PARTITION OF"),
+            "{sql}"
+        );
+    }
+
+    #[test]
+    fn names_are_quoted() {
+        let mut odd = spec(false);
+        odd.app_role = "app\"; DROP TABLE x; --".into();
+        let sql = setup_sql(&odd);
+        assert!(
+            sql.contains("CREATE ROLE \"app\"\"; DROP TABLE x; --\" LOGIN;"),
+            "{sql}"
+        );
+        assert!(sql.contains("rolname = 'app\"; DROP TABLE x; --'"), "{sql}");
+    }
+}
