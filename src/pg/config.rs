@@ -3,6 +3,8 @@
 //! replication connection. [`PostgresConfig::check`] turns it into the connection
 //! parameters; the composed configuration ([`crate::config`]) keeps the result.
 
+use std::path::{Path, PathBuf};
+
 use serde::Deserialize;
 
 use super::sql::QualifiedName;
@@ -21,8 +23,17 @@ const MAX_SLOT_NAME_BYTES: usize = 63;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PostgresConfig {
-    /// libpq URI; the password may also come from the `PGPASSWORD` environment variable.
+    /// libpq URI. The password may be in it, or in `password` or `password_file`
+    /// (one of the three), or else in the `PGPASSWORD` environment variable.
     pub url: Secret,
+    /// The password, when the URL has none (typically set from the environment:
+    /// `OUTBOX_RELAY__POSTGRES__PASSWORD`).
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// A file holding the password (a mounted secret); its trailing newline is not
+    /// part of it.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
     #[serde(default = "default_slot")]
     pub slot: String,
     #[serde(default = "default_publication")]
@@ -47,8 +58,9 @@ pub struct PostgresConfig {
 
 impl PostgresConfig {
     /// Check the section against the outbox `table` it streams (the state table's
-    /// default schema), the password taken from the environment when the URL has none.
-    /// Every problem comes back, each with its key path.
+    /// default schema), the password taken from `PGPASSWORD` (`env_password`) when
+    /// neither the URL, `password` nor `password_file` has one; reads `password_file`.
+    /// Every problem comes back, each with its key path; none shows a password.
     pub fn check(
         &self,
         table: Option<&QualifiedName>,
@@ -57,6 +69,27 @@ impl PostgresConfig {
         let mut problems = Vec::new();
         let connect = match ConnectParams::from_url(self.url.expose()) {
             Ok(mut params) => {
+                let mut given = Vec::new();
+                if params.password.is_some() {
+                    given.push("postgres.url");
+                }
+                if let Some(password) = &self.password {
+                    given.push("postgres.password");
+                    params.password = Some(password.clone());
+                }
+                if let Some(path) = &self.password_file {
+                    given.push("postgres.password_file");
+                    match read_password_file(path) {
+                        Ok(password) => params.password = Some(password),
+                        Err(problem) => problems.push(format!("postgres.password_file: {problem}")),
+                    }
+                }
+                if given.len() > 1 {
+                    problems.push(format!(
+                        "postgres.password: given in {}; keep one",
+                        given.join(" and ")
+                    ));
+                }
                 if params.password.is_none() {
                     params.password = env_password.map(Secret::new);
                 }
@@ -117,6 +150,18 @@ impl PostgresConfig {
             _ => Err(problems),
         }
     }
+}
+
+/// The content of a password file without its trailing newline; a problem never shows
+/// the content.
+fn read_password_file(path: &Path) -> Result<Secret, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let password = text.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(Secret::new(password))
 }
 
 fn default_slot() -> String {

@@ -66,6 +66,17 @@ pub const DEFAULT_CONNECT_TIMEOUT_SECS: u64 = 10;
 #[error("invalid postgres url: {0} (expected postgres://user:password@host:port/dbname)")]
 pub struct UrlError(String);
 
+impl UrlError {
+    /// The error of a decoded part, saying which part (its text is not shown: it may
+    /// be a password).
+    fn within(self, part: &str) -> Self {
+        match self.0.split_once(" (") {
+            Some((what, why)) => UrlError(format!("{what} in {part} ({why}")),
+            None => UrlError(format!("{} in {part}", self.0)),
+        }
+    }
+}
+
 impl ConnectParams {
     /// Parse a libpq URI. Percent-encoded user, password and database names are decoded.
     pub fn from_url(url: &str) -> Result<Self, UrlError> {
@@ -73,6 +84,14 @@ impl ConnectParams {
             .strip_prefix("postgres://")
             .or_else(|| url.strip_prefix("postgresql://"))
             .ok_or_else(|| UrlError("it must start with postgres:// or postgresql://".into()))?;
+        // A '/' or '?' in the password ends the host part early; the rest of the user
+        // info would then be read (and echoed) as a port, database or parameter.
+        let (_, after) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+        if after.split('=').next().is_some_and(|a| a.contains('@')) {
+            return Err(UrlError(
+                "an '@' after the host part: percent-encode the user name and password ('/' as %2F, '?' as %3F, '@' as %40, '%' as %25), and an '@' in the database name as %40 (the URL is not shown: it may hold a password)".into(),
+            ));
+        }
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
@@ -87,8 +106,11 @@ impl ConnectParams {
         };
         let (user, password) = match userinfo {
             Some(info) => match info.split_once(':') {
-                Some((u, p)) => (decode(u)?, Some(Secret(decode(p)?))),
-                None => (decode(info)?, None),
+                Some((u, p)) => (
+                    decode(u).map_err(|e| e.within("the user name"))?,
+                    Some(Secret(decode(p).map_err(|e| e.within("the password"))?)),
+                ),
+                None => (decode(info).map_err(|e| e.within("the user name"))?, None),
             },
             None => (String::new(), None),
         };
@@ -123,7 +145,7 @@ impl ConnectParams {
             let (key, value) = pair
                 .split_once('=')
                 .ok_or_else(|| UrlError(format!("parameter {pair:?} has no '='")))?;
-            let value = decode(value)?;
+            let value = decode(value).map_err(|e| e.within(&format!("parameter {key}")))?;
             match key {
                 "user" => params.user = value,
                 "password" => params.password = Some(Secret(value)),
@@ -250,7 +272,11 @@ fn decode(text: &str) -> Result<String, UrlError> {
                 .get(i + 1..i + 3)
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| UrlError(format!("bad percent-escape in {text:?}")))?;
+                .ok_or_else(|| {
+                    UrlError(
+                        "bad percent-escape (a '%' must be followed by two hexadecimal digits; write '%' itself as %25)".into(),
+                    )
+                })?;
             out.push(hex);
             i += 3;
         } else {
@@ -258,7 +284,7 @@ fn decode(text: &str) -> Result<String, UrlError> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| UrlError(format!("{text:?} is not UTF-8 once decoded")))
+    String::from_utf8(out).map_err(|_| UrlError("percent-escapes that are not UTF-8".into()))
 }
 
 #[cfg(test)]
@@ -343,5 +369,47 @@ mod tests {
             let err = ConnectParams::from_url(url).unwrap_err().to_string();
             assert!(err.contains(needle), "{url}: {err}");
         }
+    }
+
+    #[test]
+    fn errors_about_the_user_info_never_show_the_password() {
+        for (url, needles) in [
+            (
+                "postgres://relay:Zq%zzSecret5@host/db",
+                &["bad percent-escape in the password", "%25"][..],
+            ),
+            (
+                "postgres://relay:Zq/Secret5@host/db",
+                &["percent-encode the user name and password", "%2F"][..],
+            ),
+            (
+                "postgres://relay:Zq?Secret5@host/db",
+                &["percent-encode the user name and password", "%3F"][..],
+            ),
+            (
+                "postgres://relay:Zq@x/Secret5@host/db",
+                &["percent-encode the user name and password", "%40"][..],
+            ),
+            (
+                "postgres://relay@host/db?password=Zq%zzSecret5",
+                &["bad percent-escape in parameter password"][..],
+            ),
+            (
+                "postgres://relay:Zq%ffSecret5@host/db",
+                &["not UTF-8 in the password"][..],
+            ),
+        ] {
+            let err = ConnectParams::from_url(url).unwrap_err().to_string();
+            assert!(
+                !err.contains("Zq") && !err.contains("Secret5"),
+                "{url}: {err}"
+            );
+            for needle in needles {
+                assert!(err.contains(needle), "{url}: {err}");
+            }
+        }
+        // An '@' in a parameter's value is no user info.
+        let p = ConnectParams::from_url("postgres://h/db?user=me@corp").unwrap();
+        assert_eq!(p.user, "me@corp");
     }
 }

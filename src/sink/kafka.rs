@@ -169,10 +169,12 @@ impl KafkaSink {
                     max_message_bytes: max_message_bytes.clone(),
                     metrics,
                 })
-                .map_err(|e| SinkError::KafkaSetup(e.to_string()))?;
+                .map_err(|e| SinkError::KafkaSetup(settings.client_error(&e)))?;
         let admin = admin_config(&settings.brokers, &settings.properties)
             .create()
-            .map_err(|e| SinkError::KafkaSetup(format!("admin client: {e}")))?;
+            .map_err(|e| {
+                SinkError::KafkaSetup(format!("admin client: {}", settings.client_error(&e)))
+            })?;
         Ok(KafkaSink {
             producer,
             preparer: TopicPreparer {

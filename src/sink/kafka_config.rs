@@ -11,12 +11,17 @@
 //! refusals look at that, the relay's default yields to the user's value under any of
 //! its names, and two names of one property with different values are refused.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::PathBuf;
 
 use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
 
-/// The `[kafka]` section: owned by the Kafka sink; `config.rs` composes it.
-#[derive(Debug, Clone, serde::Deserialize)]
+/// The `[kafka]` section: owned by the Kafka sink; `config.rs` composes it. Its `Debug`
+/// leaves out the values of secret properties ([`is_secret_property`], and every one
+/// read from a file).
+#[derive(Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     /// `bootstrap.servers`: comma-separated `host:port` list.
@@ -34,6 +39,35 @@ pub struct KafkaConfig {
     /// Any librdkafka property; applied over the relay's defaults.
     #[serde(default)]
     pub properties: std::collections::BTreeMap<String, String>,
+    /// librdkafka properties whose value is the content of a file (a mounted secret):
+    /// `"sasl.password" = "/run/secrets/kafka"`. Read by [`KafkaConfig::read_property_files`]
+    /// into `properties`, without the file's trailing newline.
+    #[serde(default)]
+    pub property_files: BTreeMap<String, PathBuf>,
+    /// The properties whose value came from `property_files`: secrets, whatever their name.
+    #[serde(skip)]
+    from_files: BTreeSet<String>,
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(key, value)| {
+                let shown = if self.is_secret(key) { "***" } else { value };
+                (key.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("create_topics", &self.create_topics)
+            .field("topic_partitions", &self.topic_partitions)
+            .field("topic_replication_factor", &self.topic_replication_factor)
+            .field("properties", &properties)
+            .field("property_files", &self.property_files)
+            .finish()
+    }
 }
 
 impl KafkaConfig {
@@ -53,8 +87,130 @@ impl KafkaConfig {
             );
         }
         problems.extend(check_properties(&self.properties));
+        for (key, value) in &self.properties {
+            if let Err(error) = ClientConfig::new().set(key, value).create_native_config() {
+                problems.push(format!(
+                    "{}: librdkafka refuses it: {}",
+                    self.shown_key(key),
+                    self.client_error(&error)
+                ));
+            }
+        }
         problems
     }
+
+    /// Reads every `property_files` entry into `properties`; returns the problems (a
+    /// file that cannot be read or is empty, a property also set directly), each with
+    /// its key path. Never shows a file's content.
+    pub fn read_property_files(&mut self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (key, path) in &self.property_files {
+            if let Some(also) = self
+                .properties
+                .keys()
+                .find(|set| canonical_property(set) == canonical_property(key))
+            {
+                problems.push(format!(
+                    "kafka.property_files.\"{key}\": kafka.properties.\"{also}\" sets the same property; keep one"
+                ));
+                continue;
+            }
+            match read_secret_file(path) {
+                Ok(value) => {
+                    self.properties.insert(key.clone(), value);
+                    self.from_files.insert(key.clone());
+                }
+                Err(problem) => problems.push(format!("kafka.property_files.\"{key}\": {problem}")),
+            }
+        }
+        problems
+    }
+
+    /// Whether the value of property `key` is kept out of messages and logs.
+    pub fn is_secret(&self, key: &str) -> bool {
+        is_secret_property(key) || self.from_files.contains(key)
+    }
+
+    /// The values of the secret properties, to cut out of librdkafka's messages.
+    fn secret_values(&self) -> impl Iterator<Item = &str> {
+        self.properties
+            .iter()
+            .filter(|(key, _)| self.is_secret(key))
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// Where property `key` is set, for messages.
+    fn shown_key(&self, key: &str) -> String {
+        if self.from_files.contains(key) {
+            format!("kafka.property_files.\"{key}\"")
+        } else {
+            format!("kafka.properties.\"{key}\"")
+        }
+    }
+
+    /// A librdkafka error about this configuration, without the value of any
+    /// property. rdkafka's `Display` of a configuration error appends the property's
+    /// value ("Client config error: <reason> <key> <value>"), and librdkafka's own
+    /// reasons quote some values; the reason is kept, values of secret properties cut
+    /// out of it.
+    pub fn client_error(&self, error: &KafkaError) -> String {
+        let text = match error {
+            KafkaError::ClientConfig(_, reason, key, _value) if reason.contains(key.as_str()) => {
+                reason.clone()
+            }
+            KafkaError::ClientConfig(_, reason, key, _value) => {
+                format!("{reason} (property \"{key}\")")
+            }
+            other => other.to_string(),
+        };
+        redact(&text, self.secret_values())
+    }
+}
+
+/// Property names whose values are secrets: passwords, secrets, tokens, private keys,
+/// SASL configurations that carry credentials.
+pub fn is_secret_property(key: &str) -> bool {
+    let key = key.trim().to_ascii_lowercase();
+    [
+        "password",
+        "secret",
+        "token",
+        "credential",
+        "jaas",
+        "oauthbearer.config",
+    ]
+    .iter()
+    .any(|word| key.contains(word))
+        || key.starts_with("ssl.key.")
+}
+
+/// Secrets shorter than this are not cut out of messages: a value of one or two
+/// characters would blank out letters of every word (and is no secret worth the name).
+const MIN_REDACTED_LEN: usize = 3;
+
+/// `text` with every one of `secrets` replaced by `***`.
+pub fn redact<'a>(text: &str, secrets: impl IntoIterator<Item = &'a str>) -> String {
+    let mut secrets: Vec<&str> = secrets
+        .into_iter()
+        .filter(|secret| secret.len() >= MIN_REDACTED_LEN)
+        .collect();
+    // Longest first, so a secret that contains another is cut out whole.
+    secrets.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
+    secrets
+        .into_iter()
+        .fold(text.to_owned(), |text, secret| text.replace(secret, "***"))
+}
+
+/// The content of a secret file without its trailing newline; a problem never shows
+/// the content.
+fn read_secret_file(path: &std::path::Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let value = text.trim_end_matches(['\n', '\r']);
+    if value.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(value.to_owned())
 }
 
 /// Partitions of topics the relay creates: one keeps a single total order per topic,
@@ -181,15 +337,18 @@ pub fn check_properties(properties: &BTreeMap<String, String>) -> Vec<String> {
         };
         if let Some(why) = refusal(canonical, value) {
             problems.push(format!(
-                "kafka.properties.\"{key}\"{also}: {value:?} is refused: {why}"
+                "kafka.properties.\"{key}\"{also}: {} is refused: {why}",
+                shown_value(key, value)
             ));
         }
         match seen.get(canonical) {
             Some((first_key, first_value))
                 if same_value(canonical, first_value) != same_value(canonical, value) =>
             {
+                let (first_value, value) =
+                    (shown_value(first_key, first_value), shown_value(key, value));
                 problems.push(format!(
-                    "kafka.properties: \"{first_key}\" = {first_value:?} and \"{key}\" = {value:?} set the same librdkafka property ({canonical:?}) to different values, and which one wins would be chance; keep one"
+                    "kafka.properties: \"{first_key}\" = {first_value} and \"{key}\" = {value} set the same librdkafka property ({canonical:?}) to different values, and which one wins would be chance; keep one"
                 ));
             }
             Some(_) => {}
@@ -199,6 +358,15 @@ pub fn check_properties(properties: &BTreeMap<String, String>) -> Vec<String> {
         }
     }
     problems
+}
+
+/// A property's value quoted for a message, or `***` for a secret one.
+fn shown_value(key: &str, value: &str) -> String {
+    if is_secret_property(key) {
+        "***".into()
+    } else {
+        format!("{value:?}")
+    }
 }
 
 /// The producer's client configuration: our defaults (each left out when the user sets
@@ -267,6 +435,127 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    fn kafka(properties: &[(&str, &str)]) -> KafkaConfig {
+        KafkaConfig {
+            brokers: "b:1".into(),
+            create_topics: true,
+            topic_partitions: 1,
+            topic_replication_factor: -1,
+            properties: props(properties),
+            property_files: BTreeMap::new(),
+            from_files: BTreeSet::new(),
+        }
+    }
+
+    #[test]
+    fn librdkafkas_refusals_are_problems_without_the_value() {
+        let config = kafka(&[
+            ("ssl.key.passwd", "Zq-secret-1"),
+            ("linger.ms", "Zq-secret-3"),
+            ("batch.size", "12"),
+        ]);
+        let problems = config.problems();
+        let all = problems.join("\n");
+        assert_eq!(problems.len(), 2, "{all}");
+        assert!(!all.contains("Zq-secret"), "{all}");
+        for key in ["ssl.key.passwd", "linger.ms"] {
+            assert!(
+                all.contains(&format!(
+                    "kafka.properties.\"{key}\": librdkafka refuses it"
+                )),
+                "{all}"
+            );
+        }
+        assert!(all.contains("No such configuration property"), "{all}");
+    }
+
+    #[test]
+    fn configuration_errors_leave_out_the_value_rdkafka_appends() {
+        // rdkafka's Display: "Client config error: <reason> <key> <value>".
+        let error = KafkaError::ClientConfig(
+            rdkafka::types::RDKafkaConfRes::RD_KAFKA_CONF_INVALID,
+            "Configuration property \"ssl.key.password\" not supported in this build: OpenSSL not available at build time".into(),
+            "ssl.key.password".into(),
+            "Zq-secret-4".into(),
+        );
+        assert!(error.to_string().contains("Zq-secret-4"));
+        let config = kafka(&[("ssl.key.password", "Zq-secret-4")]);
+        let text = config.client_error(&error);
+        assert!(!text.contains("Zq-secret-4"), "{text}");
+        assert!(text.contains("ssl.key.password"), "{text}");
+        assert!(text.contains("OpenSSL not available"), "{text}");
+        // A reason that quotes a secret property's value loses it too.
+        let error = KafkaError::ClientCreation("sasl.password Zq-secret-4 rejected".into());
+        assert_eq!(
+            config.client_error(&error),
+            "Client creation error: sasl.password *** rejected"
+        );
+        assert!(!format!("{config:?}").contains("Zq-secret-4"));
+    }
+
+    #[test]
+    fn secret_files_become_properties_without_their_newline_and_stay_hidden() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kafka");
+        std::fs::write(&file, "Zq-secret-5\n").unwrap();
+        let mut config = kafka(&[("sasl.username", "relay")]);
+        config.property_files = [
+            ("sasl.password".to_owned(), file.clone()),
+            ("sasl.oauthbearer.client.id".to_owned(), file.clone()),
+        ]
+        .into();
+        assert!(config.read_property_files().is_empty());
+        assert_eq!(config.properties["sasl.password"], "Zq-secret-5");
+        assert!(config.is_secret("sasl.oauthbearer.client.id"));
+        assert!(!format!("{config:?}").contains("Zq-secret-5"));
+        // Missing, empty, or set twice: each a problem with its key, never the content.
+        std::fs::write(&file, "\n").unwrap();
+        let mut config = kafka(&[("sasl.password", "Zq-secret-6")]);
+        config.property_files = [
+            ("sasl.password".to_owned(), file.clone()),
+            ("ssl.key.password".to_owned(), file.clone()),
+            (
+                "sasl.oauthbearer.client.secret".to_owned(),
+                dir.path().join("absent"),
+            ),
+        ]
+        .into();
+        let all = config.read_property_files().join("\n");
+        assert!(all.contains("kafka.property_files.\"sasl.password\": kafka.properties.\"sasl.password\" sets the same property"), "{all}");
+        assert!(
+            all.contains("kafka.property_files.\"ssl.key.password\"") && all.contains("is empty"),
+            "{all}"
+        );
+        assert!(
+            all.contains("kafka.property_files.\"sasl.oauthbearer.client.secret\": cannot read"),
+            "{all}"
+        );
+        assert!(!all.contains("Zq-secret-6"), "{all}");
+    }
+
+    #[test]
+    fn secret_property_names() {
+        for key in [
+            "sasl.password",
+            "ssl.key.password",
+            "ssl.keystore.password",
+            "ssl.key.pem",
+            "sasl.oauthbearer.client.secret",
+            "sasl.oauthbearer.config",
+            "SASL.PASSWORD",
+        ] {
+            assert!(is_secret_property(key), "{key}");
+        }
+        for key in [
+            "sasl.username",
+            "sasl.mechanism",
+            "linger.ms",
+            "ssl.ca.location",
+        ] {
+            assert!(!is_secret_property(key), "{key}");
+        }
     }
 
     #[test]
