@@ -181,7 +181,7 @@ pub enum TlsError {
     UnencryptedDataAfterResponse,
     #[error("invalid response to SSLRequest: {detail}")]
     BadSslResponse { detail: String },
-    #[error("the server's certificate is not trusted: {detail}; it must be signed by a CA in {roots} — set sslrootcert in [postgres] url to the CA that signed it (for a managed PostgreSQL, the provider's CA bundle), or use sslmode=require to encrypt without verifying (not safe against a man in the middle)")]
+    #[error("the server's certificate is not trusted: {detail} {roots}; set sslrootcert in [postgres] url to the CA that signed it (for a managed PostgreSQL, the provider's CA bundle). Encrypting without verifying (sslmode=require and no sslrootcert) is not safe against a man in the middle")]
     Untrusted { roots: String, detail: String },
     #[error("the server's certificate is for {presented}, not for {host:?} (the host in [postgres] url): connect with a name the certificate lists, or reissue the certificate with this name in its subjectAltName; sslmode=verify-ca checks the CA but not the name")]
     NameMismatch { host: String, presented: String },
@@ -606,19 +606,25 @@ impl TlsSetup {
         };
         HandshakeError::Tls(match tls {
             rustls::Error::InvalidCertificate(cert_error) => match cert_error {
-                CertificateError::UnknownIssuer | CertificateError::BadSignature => {
-                    TlsError::Untrusted {
-                        roots: self.roots.clone(),
-                        detail: cert_error.to_string(),
-                    }
-                }
+                CertificateError::UnknownIssuer => TlsError::Untrusted {
+                    roots: self.roots.clone(),
+                    detail: "it is not signed by a CA in".into(),
+                },
+                CertificateError::BadSignature => TlsError::Untrusted {
+                    roots: self.roots.clone(),
+                    detail: "its signature does not verify with the CAs in".into(),
+                },
                 CertificateError::NotValidForNameContext { presented, .. } => {
                     TlsError::NameMismatch {
                         host: host.to_owned(),
                         presented: if presented.is_empty() {
                             "no name (it has no subjectAltName)".into()
                         } else {
-                            presented.join(", ")
+                            presented
+                                .iter()
+                                .map(|name| presented_name(name))
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         },
                     }
                 }
@@ -638,6 +644,16 @@ impl TlsSetup {
             },
         })
     }
+}
+
+/// A subjectAltName as webpki reports it (`DnsName("db.example.com")`,
+/// `IpAddress(10.0.0.1)`), as the name alone.
+fn presented_name(reported: &str) -> &str {
+    reported
+        .split_once('(')
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .map(|inner| inner.trim_matches('"'))
+        .unwrap_or(reported)
 }
 
 /// A failed handshake: about TLS, or the connection itself.
@@ -719,6 +735,16 @@ mod tests {
         assert!(err.contains("1 more bytes after 'N'"), "{err}");
         let err = parse_ssl_response(b"HTTP/1.1").unwrap_err().to_string();
         assert!(err.contains("0x48"), "{err}");
+    }
+
+    #[test]
+    fn presented_names_are_shown_bare() {
+        assert_eq!(
+            presented_name("DnsName(\"db.example.com\")"),
+            "db.example.com"
+        );
+        assert_eq!(presented_name("IpAddress(10.0.0.1)"), "10.0.0.1");
+        assert_eq!(presented_name("db.example.com"), "db.example.com");
     }
 
     #[test]
