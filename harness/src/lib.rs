@@ -7,6 +7,7 @@
 //! RelayProcess   the outbox-relay binary, stdout lines and stderr captured
 //! MemorySink     an in-memory sink for in-process runs of `relay::run`, scripted
 //! ChildProcess   any captured child process (RelayProcess derefs to it)
+//! TestPki        a CA, server and client certificates as PEM files (rcgen)
 //! wait_until     poll a condition every 50 ms until a deadline
 //! ```
 //!
@@ -22,13 +23,14 @@ pub mod pg;
 pub mod process;
 pub mod proxy;
 pub mod relay;
+pub mod tls;
 pub mod wait;
 
 pub use kafka::{
     consume, create_topic, list_topics, produce, produce_records, read_all, try_produce_records,
     Delivered, KafkaBroker, OutgoingRecord, Record, SharedBroker,
 };
-pub use pg::{lsn_to_u64, query_lsn, u64_to_lsn, PgCluster, PgOptions};
+pub use pg::{lsn_to_u64, query_lsn, u64_to_lsn, PgCluster, PgOptions, ServerTls};
 pub use process::ChildProcess;
 pub use relay::{run_relay_to_exit, RelayProcess};
 pub use wait::{wait_for, wait_until};

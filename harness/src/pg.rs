@@ -50,6 +50,22 @@ pub struct PgOptions {
     /// The server binaries' directory, when not the default (`PG_BINDIR`, PATH, ...):
     /// a test that needs a given major version (failover slots need 17).
     pub bindir: Option<PathBuf>,
+    /// `ssl=on` with these files (copied into the cluster's directory, the key with
+    /// mode 0600 and owned by the server's OS user, as PostgreSQL requires).
+    pub tls: Option<ServerTls>,
+    /// Drop initdb's `host` lines from pg_hba.conf, so TCP clients match only the
+    /// `hba` lines (e.g. `hostssl` ones). The `local` lines stay: the harness's own
+    /// sessions ([`PgCluster::client`], readiness) then use the Unix socket.
+    pub hostssl_only: bool,
+}
+
+/// The server side of TLS (`ssl_cert_file`, `ssl_key_file`, `ssl_ca_file`).
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// The CA that client certificates must chain to (pg_hba `cert`, `clientcert=`).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for PgOptions {
@@ -59,6 +75,8 @@ impl Default for PgOptions {
             extra_conf: Vec::new(),
             hba: Vec::new(),
             bindir: None,
+            tls: None,
+            hostssl_only: false,
         }
     }
 }
@@ -72,6 +90,8 @@ pub struct PgCluster {
     server_args: Vec<String>,
     data_dir: PathBuf,
     log_path: PathBuf,
+    /// The harness's own sessions go through the Unix socket (`hostssl_only`).
+    admin_via_socket: bool,
     // Last: removed after the server is stopped.
     dir: TempDir,
 }
@@ -110,7 +130,9 @@ impl PgCluster {
                 String::from_utf8_lossy(&output.stderr)
             );
         }
-        if !opts.hba.is_empty() {
+        if opts.hostssl_only {
+            write_hba_without_host_lines(&data_dir.join("pg_hba.conf"), &opts.hba);
+        } else if !opts.hba.is_empty() {
             prepend_hba_lines(&data_dir.join("pg_hba.conf"), &opts.hba);
         }
         Self::launch(dir, bins, &opts)
@@ -179,6 +201,11 @@ impl PgCluster {
     fn launch(dir: TempDir, bins: PgBinaries, opts: &PgOptions) -> PgCluster {
         let data_dir = dir.path().join("data");
         let log_path = dir.path().join("postgres.log");
+        let tls_conf = opts
+            .tls
+            .as_ref()
+            .map(|tls| install_server_tls(dir.path(), tls))
+            .unwrap_or_default();
         let mut server_args: Vec<String> = [
             ("listen_addresses", "127.0.0.1".to_owned()),
             (
@@ -194,6 +221,7 @@ impl PgCluster {
             ("log_replication_commands", "on".to_owned()),
         ]
         .into_iter()
+        .chain(tls_conf.iter().map(|(k, v)| (*k, v.clone())))
         .chain(opts.extra_conf.iter().map(|(k, v)| (k.as_str(), v.clone())))
         .flat_map(|(name, value)| ["-c".to_owned(), format!("{name}={value}")])
         .collect();
@@ -212,6 +240,7 @@ impl PgCluster {
             server_args,
             data_dir,
             log_path,
+            admin_via_socket: opts.hostssl_only,
             dir,
         };
         for attempt in 1..=PORT_ATTEMPTS {
@@ -379,10 +408,25 @@ impl PgCluster {
         ))
     }
 
+    /// A libpq key/value connection string for the superuser on `db` through the
+    /// server's Unix socket: what reaches a cluster whose TCP lines are all `hostssl`
+    /// (`RelayProcess::wait_streaming` takes it).
+    pub fn socket_conninfo(&self, db: &str) -> String {
+        format!(
+            "host={} port={} user={SUPERUSER} dbname={db}",
+            self.dir.path().display(),
+            self.port
+        )
+    }
+
     fn connect_config(&self, db: &str) -> postgres::Config {
         let mut config = postgres::Config::new();
+        if self.admin_via_socket {
+            config.host_path(self.dir.path());
+        } else {
+            config.host("127.0.0.1");
+        }
         config
-            .host("127.0.0.1")
             .port(self.port)
             .user(SUPERUSER)
             .dbname(db)
@@ -721,6 +765,47 @@ fn temp_base() -> PathBuf {
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
     listener.local_addr().expect("local address").port()
+}
+
+/// Copies the server's TLS files into the cluster dir (readable by the server's OS
+/// user; the key 0600, as PostgreSQL requires) and returns the settings naming them.
+fn install_server_tls(dir: &Path, tls: &ServerTls) -> Vec<(&'static str, String)> {
+    let tls_dir = dir.join("tls");
+    std::fs::create_dir_all(&tls_dir).expect("creating the cluster's tls dir");
+    let copy = |from: &Path, name: &str, mode: u32| {
+        let to = tls_dir.join(name);
+        std::fs::copy(from, &to)
+            .unwrap_or_else(|err| panic!("copying {} to {}: {err}", from.display(), to.display()));
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))
+            .unwrap_or_else(|err| panic!("chmod {}: {err}", to.display()));
+        to.to_str().expect("UTF-8 tls path").to_owned()
+    };
+    let mut settings = vec![
+        ("ssl", "on".to_owned()),
+        ("ssl_cert_file", copy(&tls.cert_file, "server.crt", 0o644)),
+        ("ssl_key_file", copy(&tls.key_file, "server.key", 0o600)),
+    ];
+    if let Some(ca) = &tls.ca_file {
+        settings.push(("ssl_ca_file", copy(ca, "ca.crt", 0o644)));
+    }
+    if let Some(user) = run_as() {
+        chown_tree(&tls_dir, user);
+    }
+    settings
+}
+
+/// pg_hba.conf with `lines` and initdb's `local` lines only: TCP clients match `lines`
+/// or nothing.
+fn write_hba_without_host_lines(hba_path: &Path, lines: &[String]) {
+    let mut text = String::from("# test harness (PgOptions::hba, hostssl_only)\n");
+    for line in lines {
+        text.push_str(line);
+        text.push('\n');
+    }
+    text.push_str("\n# the harness's own sessions, over the Unix socket\n");
+    text.push_str("local all all trust\nlocal replication all trust\n");
+    std::fs::write(hba_path, text)
+        .unwrap_or_else(|err| panic!("writing {}: {err}", hba_path.display()));
 }
 
 fn prepend_hba_lines(hba_path: &Path, lines: &[String]) {

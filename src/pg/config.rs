@@ -93,6 +93,11 @@ impl PostgresConfig {
                 if params.password.is_none() {
                     params.password = env_password.map(Secret::new);
                 }
+                // The certificate files, read now so a missing one is reported with the
+                // config's other problems (and read again at every connection).
+                if let Err(e) = params.tls.load() {
+                    problems.push(format!("postgres.url: {e}"));
+                }
                 Some(params)
             }
             Err(e) => {
@@ -175,4 +180,25 @@ fn default_status_interval_ms() -> u64 {
 }
 fn default_true() -> bool {
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_certificate_file_is_a_config_problem() {
+        let config: PostgresConfig = toml::from_str(
+            "url = \"postgres://u@h/app?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem\"",
+        )
+        .unwrap();
+        let table = QualifiedName::parse("public.outbox").unwrap();
+        let problems = config.check(Some(&table), None).unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0]
+                .starts_with("postgres.url: cannot read sslrootcert file /nonexistent/ca.pem"),
+            "{problems:?}"
+        );
+    }
 }

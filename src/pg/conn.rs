@@ -1,6 +1,7 @@
-//! A PostgreSQL connection on tokio and `postgres-protocol`: startup, authentication
-//! (decided by the pure [`crate::pg::auth`]), the simple query protocol, and CopyBoth for
-//! logical replication.
+//! A PostgreSQL connection on tokio and `postgres-protocol`: TLS negotiation
+//! ([`crate::pg::tls`], libpq's `sslmode`), startup, authentication (decided by the pure
+//! [`crate::pg::auth`]), the simple query protocol, and CopyBoth for logical
+//! replication. Replication and SQL sessions connect through the same code.
 //!
 //! Backend messages are framed by the pure [`crate::pg::framing`] module (where the
 //! untrusted lengths are checked, and CopyBothResponse, unknown to `postgres-protocol`
@@ -15,6 +16,8 @@ use postgres_protocol::message::backend::{ErrorFields, Message};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::pg::tls::{self, HandshakeError, PgStream, SslMode, SslResponse, TlsError, TlsSetup};
 
 use crate::pg::replication::{FrameError, ReplicationFrame, StandbyStatusUpdate};
 use crate::pg::url::{ConnectParams, TargetSession};
@@ -98,6 +101,16 @@ pub enum PgError {
     NotPostgres { addr: String, reason: String },
     #[error("bad replication frame from PostgreSQL: {0}")]
     Frame(#[from] FrameError),
+    /// The TLS settings of [postgres] url cannot be used (a file is missing, ...).
+    #[error("TLS to PostgreSQL: {0}")]
+    TlsConfig(TlsError),
+    /// TLS with one server failed (not trusted, wrong name, refused, ...).
+    #[error("TLS to PostgreSQL at {addr}: {source}")]
+    Tls {
+        addr: String,
+        #[source]
+        source: TlsError,
+    },
     #[error("no server in [postgres] url accepts writes ({tried}): target_session_attrs=read-write waits for a primary (a failover in progress?)")]
     NoPrimary { tried: String },
 }
@@ -148,9 +161,20 @@ pub enum SessionKind {
     LogicalReplication,
 }
 
+/// How one connection attempt starts, derived from `sslmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Negotiation {
+    /// StartupMessage right away.
+    Plain,
+    /// SSLRequest; on 'N', go on in plaintext on the same connection (prefer).
+    TlsOrPlain,
+    /// SSLRequest; on 'N', fail (require, verify-ca, verify-full, and allow's retry).
+    TlsOnly,
+}
+
 /// One connection to PostgreSQL.
 pub struct PgConnection {
-    stream: TcpStream,
+    stream: PgStream,
     /// `host:port`, for error messages.
     addr: String,
     read_buf: BytesMut,
@@ -165,10 +189,11 @@ impl PgConnection {
     /// connection (and, with `target_session_attrs=read-write`, accepts writes), trying
     /// them in order like libpq. The connect timeout applies to each server.
     pub async fn connect(params: &ConnectParams, kind: SessionKind) -> Result<Self, PgError> {
+        let tls = params.tls.load().map_err(PgError::TlsConfig)?;
         let mut last_error = None;
         let mut read_only = Vec::new();
         for (host, port) in params.hosts() {
-            match Self::connect_one(params, kind, host, port).await {
+            match Self::connect_one(params, kind, &tls, host, port).await {
                 Ok(mut conn) => {
                     if params.target_session == TargetSession::ReadWrite
                         && conn.is_read_only().await?
@@ -211,37 +236,134 @@ impl PgConnection {
             == Some("on"))
     }
 
+    /// One server: one attempt, or two as `sslmode` says (allow: plaintext, then TLS if
+    /// the server refused the session; prefer: TLS, then plaintext if TLS failed). The
+    /// connect timeout applies to each attempt. When both fail, the TLS attempt's error
+    /// is returned (libpq reports both; the TLS one is the one to fix).
     async fn connect_one(
         params: &ConnectParams,
         kind: SessionKind,
+        tls: &TlsSetup,
         host: &str,
         port: u16,
     ) -> Result<Self, PgError> {
+        let attempt = |negotiation| Self::attempt(params, kind, tls, negotiation, host, port);
+        match tls.mode {
+            SslMode::Disable => attempt(Negotiation::Plain).await.map_err(|e| e.error),
+            SslMode::Allow => match attempt(Negotiation::Plain).await {
+                Err(plain_error) if refused_session(&plain_error.error) => {
+                    tracing::debug!(host, port, error = %plain_error.error, "plaintext session refused, trying TLS (sslmode=allow)");
+                    attempt(Negotiation::TlsOnly).await.map_err(|e| e.error)
+                }
+                other => other.map_err(|e| e.error),
+            },
+            SslMode::Prefer => match attempt(Negotiation::TlsOrPlain).await {
+                Err(tls_error) if tls_failed(&tls_error) => {
+                    let tls_error = tls_error.error;
+                    tracing::debug!(host, port, error = %tls_error, "TLS session failed, trying plaintext (sslmode=prefer)");
+                    attempt(Negotiation::Plain).await.map_err(|plain_error| {
+                        tracing::debug!(host, port, error = %plain_error.error, "plaintext session failed too");
+                        tls_error
+                    })
+                }
+                other => other.map_err(|e| e.error),
+            },
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+                attempt(Negotiation::TlsOnly).await.map_err(|e| e.error)
+            }
+        }
+    }
+
+    async fn attempt(
+        params: &ConnectParams,
+        kind: SessionKind,
+        tls: &TlsSetup,
+        negotiation: Negotiation,
+        host: &str,
+        port: u16,
+    ) -> Result<Self, AttemptError> {
         let addr = format!("{host}:{port}");
         let secs = params.connect_timeout_secs;
-        let attempt = Self::connect_inner(params, kind, &addr, host, port);
+        let attempt = Self::connect_inner(params, kind, tls, negotiation, &addr, host, port);
         if secs == 0 {
             return attempt.await;
         }
         tokio::time::timeout(Duration::from_secs(secs), attempt)
             .await
-            .map_err(|_| PgError::ConnectTimeout { addr, secs })?
+            .map_err(|_| AttemptError {
+                error: PgError::ConnectTimeout { addr, secs },
+                over_tls: false,
+            })?
+    }
+
+    /// TCP, then SSLRequest and the TLS handshake when `negotiation` asks for them. With
+    /// the stream come the bytes of an ErrorResponse the server sent instead of its
+    /// SSLRequest answer, if it did.
+    async fn open_stream(
+        tls: &TlsSetup,
+        negotiation: Negotiation,
+        addr: &str,
+        host: &str,
+        port: u16,
+    ) -> Result<(PgStream, Option<Vec<u8>>), PgError> {
+        let mut tcp =
+            TcpStream::connect((host, port))
+                .await
+                .map_err(|source| PgError::Connect {
+                    addr: addr.to_owned(),
+                    source,
+                })?;
+        tcp.set_nodelay(true)?;
+        if negotiation == Negotiation::Plain {
+            return Ok((PgStream::Plain(tcp), None));
+        }
+        let tls_error = |source| PgError::Tls {
+            addr: addr.to_owned(),
+            source,
+        };
+        let answer = tls::request_ssl(&mut tcp)
+            .await?
+            .ok_or_else(|| PgError::Closed {
+                addr: addr.to_owned(),
+            })?;
+        let response = tls::parse_ssl_response(&answer).map_err(|error| match error {
+            // Not an answer PostgreSQL gives: say so, with the address to check.
+            TlsError::BadSslResponse { detail } => PgError::NotPostgres {
+                addr: addr.to_owned(),
+                reason: format!("invalid response to SSLRequest: {detail}"),
+            },
+            other => tls_error(other),
+        })?;
+        match response {
+            SslResponse::Accepted => match tls.handshake(tcp, host).await {
+                Ok(stream) => Ok((PgStream::Tls(Box::new(stream)), None)),
+                Err(HandshakeError::Tls(source)) => Err(tls_error(source)),
+                Err(HandshakeError::Io(error)) => Err(PgError::Io(error)),
+            },
+            SslResponse::Refused if negotiation == Negotiation::TlsOrPlain => {
+                Ok((PgStream::Plain(tcp), None))
+            }
+            SslResponse::Refused => Err(tls_error(TlsError::ServerRefusedTls { mode: tls.mode })),
+            SslResponse::Error => Ok((PgStream::Plain(tcp), Some(answer))),
+        }
     }
 
     async fn connect_inner(
         params: &ConnectParams,
         kind: SessionKind,
+        tls: &TlsSetup,
+        negotiation: Negotiation,
         addr: &str,
         host: &str,
         port: u16,
-    ) -> Result<Self, PgError> {
-        let stream = TcpStream::connect((host, port))
+    ) -> Result<Self, AttemptError> {
+        let (stream, error_response) = Self::open_stream(tls, negotiation, addr, host, port)
             .await
-            .map_err(|source| PgError::Connect {
-                addr: addr.to_owned(),
-                source,
+            .map_err(|error| AttemptError {
+                error,
+                over_tls: false,
             })?;
-        stream.set_nodelay(true)?;
+        let over_tls = stream.is_tls();
         let mut conn = PgConnection {
             stream,
             addr: addr.to_owned(),
@@ -263,21 +385,40 @@ impl PgConnection {
         if kind == SessionKind::LogicalReplication {
             startup.push(("replication", "database"));
         }
-        frontend::startup_message(startup, &mut conn.write_buf)?;
-        conn.flush().await?;
         let handshake = async {
+            if let Some(bytes) = error_response {
+                // The server's answer to SSLRequest was an ErrorResponse (libpq reads it
+                // as the session's error).
+                conn.read_buf.extend_from_slice(&bytes);
+                return Err(match conn.read_message().await? {
+                    Message::ErrorResponse(body) => server_error(body.fields()),
+                    _ => PgError::Protocol("unexpected message in answer to SSLRequest".into()),
+                });
+            }
+            frontend::startup_message(startup, &mut conn.write_buf)?;
+            conn.flush().await?;
             conn.authenticate(params).await?;
             conn.wait_ready().await
         };
-        match handshake.await {
-            Ok(()) => Ok(conn),
+        let error = match handshake.await {
+            Ok(()) => return Ok(conn),
             // Garbage during the handshake: not PostgreSQL at all.
-            Err(PgError::Protocol(reason)) => Err(PgError::NotPostgres {
+            Err(PgError::Protocol(reason)) => PgError::NotPostgres {
                 addr: addr.to_owned(),
                 reason,
-            }),
-            Err(other) => Err(other),
-        }
+            },
+            // With TLS 1.3 the server's verdict on our certificate (an alert) arrives
+            // after the handshake, on the first read.
+            Err(PgError::Io(error)) if over_tls => match tls.classify(error, host) {
+                HandshakeError::Tls(source) => PgError::Tls {
+                    addr: addr.to_owned(),
+                    source,
+                },
+                HandshakeError::Io(error) => PgError::Io(error),
+            },
+            Err(other) => other,
+        };
+        Err(AttemptError { error, over_tls })
     }
 
     /// The authentication phase: the pure [`Authenticator`] decides each reply, this
@@ -508,6 +649,8 @@ impl PgConnection {
         if !self.write_buf.is_empty() {
             self.stream.write_all(&self.write_buf).await?;
             self.write_buf.clear();
+            // TLS buffers records until flushed; plain TCP's flush does nothing.
+            self.stream.flush().await?;
         }
         Ok(())
     }
@@ -543,6 +686,32 @@ impl PgConnection {
             }
             None => Ok(None),
         }
+    }
+}
+
+/// A failed connection attempt, and whether it had got as far as TLS.
+struct AttemptError {
+    error: PgError,
+    over_tls: bool,
+}
+
+/// The server refused the session (an ErrorResponse during startup, e.g. no pg_hba.conf
+/// line for a plaintext session): sslmode=allow then tries TLS.
+fn refused_session(error: &PgError) -> bool {
+    matches!(error, PgError::Db(_) | PgError::Authentication { .. })
+}
+
+/// TLS was tried and failed, in the handshake or by the server refusing the session
+/// over TLS: sslmode=prefer then tries plaintext, as libpq does. Not after bytes that
+/// were injected before the handshake or a response that is not PostgreSQL's.
+fn tls_failed(attempt: &AttemptError) -> bool {
+    match &attempt.error {
+        PgError::Tls { source, .. } => !matches!(
+            source,
+            TlsError::UnencryptedDataAfterResponse | TlsError::BadSslResponse { .. }
+        ),
+        PgError::Db(_) | PgError::Authentication { .. } => attempt.over_tls,
+        _ => false,
     }
 }
 

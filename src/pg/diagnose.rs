@@ -52,6 +52,8 @@ impl PgError {
             PgError::Authentication { .. }
             | PgError::Protocol(_)
             | PgError::NotPostgres { .. }
+            | PgError::TlsConfig(_)
+            | PgError::Tls { .. }
             | PgError::Frame(_) => false,
         }
     }

@@ -15,6 +15,7 @@ pub mod replication;
 pub mod slot;
 pub mod sql;
 pub mod state;
+pub mod tls;
 pub mod url;
 
 pub use crate::lsn::Lsn;

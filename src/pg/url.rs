@@ -1,6 +1,9 @@
 //! Connection URLs in libpq URI form: `postgres://user:password@host:port/dbname?param=value`.
 
 use std::fmt;
+use std::path::PathBuf;
+
+use crate::pg::tls::{RootCert, SslMode, TlsParams};
 
 /// A secret string whose `Debug` and `Display` never show the value.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -55,6 +58,8 @@ pub struct ConnectParams {
     pub dbname: String,
     pub application_name: String,
     pub connect_timeout_secs: u64,
+    /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey` ([`crate::pg::tls`]).
+    pub tls: TlsParams,
 }
 
 /// The default port of PostgreSQL.
@@ -137,6 +142,7 @@ impl ConnectParams {
             dbname: decode(path)?,
             application_name: "outbox-relay".into(),
             connect_timeout_secs: DEFAULT_CONNECT_TIMEOUT_SECS,
+            tls: TlsParams::default(),
         };
         for pair in query.into_iter().flat_map(|q| q.split('&')) {
             if pair.is_empty() {
@@ -189,19 +195,48 @@ impl ConnectParams {
                         UrlError(format!("connect_timeout {value:?} is not a number of seconds"))
                     })?
                 }
-                "sslmode" if value == "disable" || value == "allow" || value == "prefer" => {}
                 "sslmode" => {
+                    params.tls.mode = SslMode::parse(&value).ok_or_else(|| {
+                        UrlError(format!(
+                            "sslmode={value} is not a valid value: use disable, allow, prefer, require, verify-ca or verify-full"
+                        ))
+                    })?
+                }
+                "sslrootcert" => {
+                    params.tls.root_cert = Some(match value.as_str() {
+                        "system" => RootCert::System,
+                        _ => RootCert::File(non_empty_path(key, value)?),
+                    })
+                }
+                "sslcert" => params.tls.cert = Some(non_empty_path(key, value)?),
+                "sslkey" => params.tls.key = Some(non_empty_path(key, value)?),
+                "sslpassword" => {
+                    return Err(UrlError(
+                        "sslpassword is not supported: store the client key decrypted, readable only by the relay's user (mode 0600)".into(),
+                    ))
+                }
+                "sslnegotiation" if value == "postgres" => {}
+                "sslnegotiation" => {
                     return Err(UrlError(format!(
-                        "sslmode={value} is not supported yet: TLS is not implemented; use sslmode=disable on a trusted network"
+                        "sslnegotiation={value} is not supported: only postgres (SSLRequest first, as every PostgreSQL version takes it)"
+                    )))
+                }
+                // SCRAM channel binding is not implemented: `disable` and `prefer` (use it
+                // when possible) both connect without it, as libpq built without it does.
+                "channel_binding" if value == "disable" || value == "prefer" => {}
+                "channel_binding" => {
+                    return Err(UrlError(format!(
+                        "channel_binding={value} is not supported: SCRAM channel binding is not implemented; use sslmode=verify-full to authenticate the server instead"
                     )))
                 }
                 other => {
                     return Err(UrlError(format!(
-                        "unknown parameter {other:?}; supported: user, password, dbname, host, port, application_name, connect_timeout, sslmode, target_session_attrs"
+                        "unknown parameter {other:?}; supported: user, password, dbname, host, port, application_name, connect_timeout, target_session_attrs, sslmode, sslrootcert, sslcert, sslkey, sslnegotiation, channel_binding"
                     )))
                 }
             }
         }
+        params.tls.validate().map_err(|e| UrlError(e.to_string()))?;
         if params.user.is_empty() {
             return Err(UrlError("no user name given".into()));
         }
@@ -233,6 +268,15 @@ impl ConnectParams {
             self.dbname
         )
     }
+}
+
+fn non_empty_path(key: &str, value: String) -> Result<PathBuf, UrlError> {
+    if value.is_empty() {
+        return Err(UrlError(format!(
+            "{key} is empty: give the path of a PEM file"
+        )));
+    }
+    Ok(PathBuf::from(value))
 }
 
 fn split_host_port(hostport: &str) -> Result<(String, u16), UrlError> {
@@ -355,6 +399,31 @@ mod tests {
     }
 
     #[test]
+    fn tls_parameters() {
+        let p = ConnectParams::from_url("postgres://u@h/d").unwrap();
+        assert_eq!(p.tls, TlsParams::default());
+        assert_eq!(p.tls.mode, SslMode::Prefer, "libpq's default");
+        let p = ConnectParams::from_url(
+            "postgres://u@h/d?sslmode=verify-full&sslrootcert=/etc/ca%20bundle.pem&sslcert=/c.crt&sslkey=/c.key",
+        )
+        .unwrap();
+        assert_eq!(
+            p.tls,
+            TlsParams {
+                mode: SslMode::VerifyFull,
+                root_cert: Some(RootCert::File("/etc/ca bundle.pem".into())),
+                cert: Some("/c.crt".into()),
+                key: Some("/c.key".into()),
+            }
+        );
+        let p = ConnectParams::from_url(
+            "postgres://u@h/d?sslrootcert=system&sslmode=verify-full&channel_binding=prefer",
+        )
+        .unwrap();
+        assert_eq!(p.tls.root_cert, Some(RootCert::System));
+    }
+
+    #[test]
     fn rejects_malformed_urls_with_reason() {
         for (url, needle) in [
             ("mysql://u@h/d", "must start with"),
@@ -362,7 +431,23 @@ mod tests {
             ("postgres://u@h:0/d", "port"),
             ("postgres://h:5432/d", "no user"),
             ("postgres://u@h:5432", "no database"),
-            ("postgres://u@h/d?sslmode=require", "TLS"),
+            (
+                "postgres://u@h/d?sslmode=verify_full",
+                "sslmode=verify_full is not a valid",
+            ),
+            (
+                "postgres://u@h/d?sslmode=require&sslrootcert=system",
+                "verify-full",
+            ),
+            ("postgres://u@h/d?sslrootcert=", "sslrootcert is empty"),
+            (
+                "postgres://u@h/d?sslpassword=x",
+                "sslpassword is not supported",
+            ),
+            (
+                "postgres://u@h/d?channel_binding=require",
+                "channel binding is not implemented",
+            ),
             ("postgres://u@h/d?bogus=1", "unknown parameter"),
             ("postgres://u:%zz@h/d", "percent"),
         ] {
