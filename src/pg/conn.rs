@@ -83,7 +83,7 @@ pub enum PgError {
     },
     #[error("timed out after {secs} s connecting to PostgreSQL at {addr}")]
     ConnectTimeout { addr: String, secs: u64 },
-    #[error("authentication failed for user {user:?} at {addr}: {reason}; check the user and password in [postgres] url (or PGPASSWORD when the url has none) and the server's pg_hba.conf")]
+    #[error("authentication failed for user {user:?} at {addr}: {reason}; check the user and password ([postgres] url, password or password_file, OUTBOX_RELAY__POSTGRES__PASSWORD, or PGPASSWORD when none is set) and the server's pg_hba.conf (for a client certificate: sslcert and sslkey)")]
     Authentication {
         user: String,
         addr: String,
