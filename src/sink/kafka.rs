@@ -16,8 +16,13 @@
 //! itself (too large, malformed, illegal topic) is a dead letter, authorization and
 //! configuration stop the relay, and everything else rebuilds the producer and resends
 //! from the slot's acknowledged position.
+//!
+//! Errors outside any record reach the client's error callback; librdkafka reconnects
+//! after them on its own, except that a refused login or TLS handshake would go on
+//! failing for ever: those stop the relay ([`kafka_errors::client_error_stop`]). Secret
+//! property values are cut out of every error text the sink passes on.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -30,7 +35,9 @@ use crate::event::OutboxEvent;
 use crate::metrics::Metrics;
 use crate::sink::kafka_config::KafkaConfig;
 use crate::sink::kafka_config::{admin_config, producer_config};
-use crate::sink::kafka_errors::{action, is_size_error, stop_hint, ErrorAction};
+use crate::sink::kafka_errors::{
+    action, client_error_stop, is_size_error, redact, stop_hint, ErrorAction,
+};
 use crate::sink::kafka_topics::illegal_topic_name;
 use crate::sink::kafka_topics::TopicPreparer;
 use crate::sink::{
@@ -55,13 +62,24 @@ struct RelayContext {
     max_message_bytes: String,
     /// Deliveries are counted per topic here.
     metrics: Arc<Metrics>,
+    /// The user's `[kafka.properties]`, to redact secret values from error texts.
+    properties: BTreeMap<String, String>,
 }
 
 impl ClientContext for RelayContext {
     fn error(&self, error: KafkaError, reason: &str) {
+        let reason = redact(reason, &self.properties);
+        let code = error
+            .rdkafka_error_code()
+            .unwrap_or(RDKafkaErrorCode::Unknown);
+        tracing::warn!(error = %error, reason, "kafka client error");
+        // A refused login or TLS handshake: librdkafka would retry it for ever.
+        if let Some(reason) = client_error_stop(code, &reason) {
+            let _ = self.notices.send(SinkNotice::Stop { reason });
+            return;
+        }
         // Transient errors (broker down, network) are retried by librdkafka on its own;
         // a fatal one is only visible through the client, which the pipeline checks.
-        tracing::warn!(error = %error, reason, "kafka client error");
         let _ = self.notices.send(SinkNotice::ClientError);
     }
 }
@@ -127,6 +145,20 @@ fn refusal_reason(
     }
 }
 
+/// A client creation error without secret values. rdkafka renders a refused property
+/// as librdkafka's description (which names the property) followed by the value as
+/// given: the value is left out here, whatever the key (a misspelled `sasl.pasword` is
+/// no less secret), and known secret values are cut from the rest.
+fn setup_error(error: &KafkaError, properties: &BTreeMap<String, String>) -> String {
+    let text = match error {
+        KafkaError::ClientConfig(_, description, _key, _value) => {
+            format!("[kafka.properties]: {description}")
+        }
+        other => other.to_string(),
+    };
+    redact(&text, properties)
+}
+
 #[derive(Debug, Clone)]
 enum TopicState {
     Ready,
@@ -168,11 +200,17 @@ impl KafkaSink {
                     notices: notices.clone(),
                     max_message_bytes: max_message_bytes.clone(),
                     metrics,
+                    properties: settings.properties.clone(),
                 })
-                .map_err(|e| SinkError::KafkaSetup(e.to_string()))?;
+                .map_err(|e| SinkError::KafkaSetup(setup_error(&e, &settings.properties)))?;
         let admin = admin_config(&settings.brokers, &settings.properties)
             .create()
-            .map_err(|e| SinkError::KafkaSetup(format!("admin client: {e}")))?;
+            .map_err(|e| {
+                SinkError::KafkaSetup(format!(
+                    "admin client: {}",
+                    setup_error(&e, &settings.properties)
+                ))
+            })?;
         Ok(KafkaSink {
             producer,
             preparer: TopicPreparer {
@@ -362,6 +400,28 @@ impl Sink for KafkaSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn setup_errors_name_the_property_but_not_its_value() {
+        use rdkafka::producer::BaseProducer;
+        for (key, value) in [
+            // Not a property: librdkafka's error names the key, rdkafka appends the value.
+            ("sasl.pasword", "Zq-typo-secret-1"),
+            // A property this build cannot take (OIDC needs libcurl): librdkafka's own
+            // description quotes the value.
+            ("sasl.oauthbearer.client.secret", "Zq-oidc-secret-2"),
+        ] {
+            let properties: BTreeMap<String, String> =
+                [(key.to_owned(), value.to_owned())].into_iter().collect();
+            let error = admin_config("127.0.0.1:9", &properties)
+                .create::<BaseProducer>()
+                .err()
+                .unwrap_or_else(|| panic!("librdkafka accepted {key}"));
+            let text = setup_error(&error, &properties);
+            assert!(!text.contains(value), "{key}: {text}");
+            assert!(text.contains(key), "names the property: {text}");
+        }
+    }
 
     #[test]
     fn refusal_reasons_say_what_to_raise_for_size() {
