@@ -16,14 +16,17 @@
 //! can never be accepted (its size, its bytes, its topic's name) are dead letters; an
 //! error about the cluster, a partition or a leader is not the record's fault.
 //!
-//! The same table judges errors librdkafka raises outside any one record, through the
-//! client's error callback ([`client_error_stop`]): librdkafka reconnects after every
-//! one of them on its own, so only those the table says `Stop` on matter there. A
-//! refused login (`_AUTHENTICATION`, `SASL_AUTHENTICATION_FAILED`) and a failed TLS
-//! handshake (`_SSL`: an untrusted or mismatching broker certificate; a disconnect
-//! during the handshake is `_TRANSPORT`, retried) are definite: with
-//! `message.timeout.ms=0` librdkafka would retry them forever while nothing is
-//! delivered, so the relay stops with the fix instead. Nothing is acknowledged past
+//! Errors librdkafka raises outside any one record reach the client's error callback,
+//! and librdkafka reconnects after them on its own. Of those, a refused login
+//! (`_AUTHENTICATION`, `SASL_AUTHENTICATION_FAILED`, a mechanism the listener does not
+//! offer) and a failed TLS handshake (`_SSL`: an untrusted or mismatching broker
+//! certificate; a disconnect during the handshake is `_TRANSPORT`, retried) are
+//! definite: with `message.timeout.ms=0` librdkafka would retry them for ever while
+//! nothing is delivered, so the relay stops with the fix instead
+//! ([`client_error_stop`]). Every other code there is librdkafka's to handle, or a
+//! fatal producer error (it comes with its own code, e.g. `CLUSTER_AUTHORIZATION_FAILED`
+//! for a refused producer id), which the pipeline finds through the client and answers
+//! by rebuilding the producer. Nothing is acknowledged past
 //! the undelivered events, so a restart (by the operator, or a supervisor's restart
 //! policy while a new API key reaches every broker) loses nothing.
 //!
@@ -120,12 +123,22 @@ pub fn is_size_error(code: RDKafkaErrorCode) -> bool {
 }
 
 /// The reason to stop for an error of the client's error callback (not tied to a
-/// record), or `None` when librdkafka's own reconnecting is the answer. `reason` is
+/// record): a refused login or TLS handshake. `None` for anything else, which
+/// librdkafka's own reconnecting or the pipeline's fatal-error check answers. `reason` is
 /// librdkafka's text (it names the broker and what failed); it must come redacted
 /// ([`redact`]).
 pub fn client_error_stop(code: RDKafkaErrorCode, reason: &str) -> Option<String> {
-    (action(code) == ErrorAction::Stop)
-        .then(|| format!("cannot use Kafka: {reason} ({code}); {}", stop_hint(code)))
+    use RDKafkaErrorCode as E;
+    let refused_connection = matches!(
+        code,
+        E::Authentication
+            | E::SaslAuthenticationFailed
+            | E::UnsupportedSASLMechanism
+            | E::IllegalSASLState
+            | E::SSL
+    );
+    debug_assert!(!refused_connection || action(code) == ErrorAction::Stop);
+    refused_connection.then(|| format!("cannot use Kafka: {reason} ({code}); {}", stop_hint(code)))
 }
 
 /// Properties whose values are secrets, by librdkafka's name: passwords of SASL, of the
@@ -291,11 +304,14 @@ mod tests {
             .is_some_and(|stop| stop.contains("sasl.mechanism")));
         // A broker that is down, a disconnect during the TLS handshake, a name that does
         // not resolve: librdkafka reconnects, the relay waits.
+        // A fatal producer error arrives with its own code (a refused producer id:
+        // CLUSTER_AUTHORIZATION_FAILED); the pipeline rebuilds the producer for it.
         for code in [
             E::BrokerTransportFailure,
             E::AllBrokersDown,
             E::Resolve,
             E::Fatal,
+            E::ClusterAuthorizationFailed,
             E::Unknown,
         ] {
             assert_eq!(client_error_stop(code, "x"), None, "{code:?}");
