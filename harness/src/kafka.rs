@@ -6,6 +6,9 @@
 //! KafkaBroker::start()        fresh broker: free ports, own temp dir (log dir inside)
 //! KafkaBroker::shared()       the test binary's one broker, leased by one test at a
 //!                             time, emptied of topics for each lease (no faults on it)
+//! KafkaBroker::start_secured() / shared_secured()
+//!                             the same with SSL and SASL_SSL client listeners too
+//!                             (`security`: CA, certificates, SCRAM and PLAIN users)
 //!   .pause() .resume()        SIGSTOP / SIGCONT (sockets stay open, nothing answers)
 //!   .kill9() .stop()          SIGKILL / SIGTERM (controlled shutdown), then reaped
 //!   .restart()                kills if running, starts again on the same ports and
@@ -30,8 +33,8 @@
 //! live in a `static`, which is never dropped.
 
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -42,6 +45,8 @@ use super::process::ChildProcess;
 use super::wait::{poll_until, tail_lines, wait_child};
 
 mod client;
+mod jvm;
+mod security;
 
 use client::metadata_client;
 pub use client::{
@@ -49,13 +54,11 @@ pub use client::{
     produce_records, read_all, try_produce_records, unique_group_id, Delivered, OutgoingRecord,
     Record, PRODUCE_TIMEOUT,
 };
+use jvm::{java_command, log4j_config, Watchdog};
+pub use jvm::{kafka_libs_dir, kafka_version, KAFKA_LIBS_ENV, KAFKA_TEST_LOG_ENV};
+use security::SecureListeners;
+pub use security::{BrokerTls, SASL_PASSWORD, SASL_USER};
 
-/// Env var naming the directory that holds the broker's jars.
-pub const KAFKA_LIBS_ENV: &str = "OUTBOX_RELAY_KAFKA_LIBS";
-/// Env var: `info` or `debug` makes the broker log more than warnings (default `warn`).
-pub const KAFKA_TEST_LOG_ENV: &str = "KAFKA_TEST_LOG";
-const INSTALL_HINT: &str = "run ./deploy/dev-deps.sh (it copies Apache Kafka's jars from \
-                            Maven Central with deploy/kafka/pom.xml)";
 /// Deadline for a started broker to answer a metadata request listing itself. A JVM on
 /// a loaded 2-core machine can take a while.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -67,12 +70,18 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 const PORT_ATTEMPTS: usize = 5;
 /// How many lines `log_tail` returns.
 const LOG_TAIL_LINES: usize = 80;
-/// Heap bound for the broker JVM: enough for the million-record tests, small enough
-/// that two brokers and the rest of a test fit the machine.
-const HEAP: &str = "-Xmx512m";
 /// Cluster id for the storage tool (any 22-character base64url string; each broker has
 /// its own temp dir, so one id for all is fine).
 const CLUSTER_ID: &str = "b3V0Ym94LXJlbGF5LXRlc3";
+
+/// Which client listeners a broker has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listeners {
+    /// PLAINTEXT only.
+    Plain,
+    /// PLAINTEXT, SSL and SASL_SSL.
+    Secured,
+}
 
 pub struct KafkaBroker {
     /// `None` only transiently inside `restart`.
@@ -85,6 +94,8 @@ pub struct KafkaBroker {
     advertised_port: Option<u16>,
     /// Output of earlier incarnations (before `restart`), for `log_tail`.
     earlier_log: String,
+    /// The SSL and SASL_SSL listeners of a secured broker.
+    secure: Option<SecureListeners>,
     // Last: removed after the broker is killed.
     dir: TempDir,
 }
@@ -92,7 +103,14 @@ pub struct KafkaBroker {
 impl KafkaBroker {
     /// A fresh broker of its own, for tests that stop, pause or restart it.
     pub fn start() -> Self {
-        Self::start_with(None, &mut |_| {})
+        Self::start_with(None, Listeners::Plain, &mut |_| {})
+    }
+
+    /// A fresh broker with an SSL and a SASL_SSL listener (SCRAM-SHA-256/512 and PLAIN
+    /// for [`SASL_USER`]) besides the plain one: see [`KafkaBroker::ssl_bootstrap`],
+    /// [`KafkaBroker::sasl_ssl_bootstrap`] and [`KafkaBroker::tls`].
+    pub fn start_secured() -> Self {
+        Self::start_with(None, Listeners::Secured, &mut |_| {})
     }
 
     /// A broker listening on its own free port but advertising
@@ -101,7 +119,7 @@ impl KafkaBroker {
     /// `on_listen_port` gets the port the broker is about to listen on, before each
     /// spawn attempt (the readiness check goes through the advertised port).
     pub fn start_advertising(advertised_port: u16, mut on_listen_port: impl FnMut(u16)) -> Self {
-        Self::start_with(Some(advertised_port), &mut on_listen_port)
+        Self::start_with(Some(advertised_port), Listeners::Plain, &mut on_listen_port)
     }
 
     /// The test binary's shared broker, started on first use, leased to one test at a
@@ -110,7 +128,17 @@ impl KafkaBroker {
     /// neither stop nor pause the broker; fault tests take [`KafkaBroker::start`].
     pub fn shared() -> SharedBroker {
         static SHARED: OnceLock<Mutex<KafkaBroker>> = OnceLock::new();
-        let broker = SHARED.get_or_init(|| Mutex::new(KafkaBroker::start()));
+        Self::lease(SHARED.get_or_init(|| Mutex::new(KafkaBroker::start())))
+    }
+
+    /// The test binary's shared secured broker ([`KafkaBroker::start_secured`]), leased
+    /// as [`KafkaBroker::shared`] leases the plain one.
+    pub fn shared_secured() -> SharedBroker {
+        static SHARED: OnceLock<Mutex<KafkaBroker>> = OnceLock::new();
+        Self::lease(SHARED.get_or_init(|| Mutex::new(KafkaBroker::start_secured())))
+    }
+
+    fn lease(broker: &'static Mutex<KafkaBroker>) -> SharedBroker {
         // A test that panicked while holding the lease leaves the broker as it was;
         // the next lease empties it anyway.
         let guard = broker.lock().unwrap_or_else(|p| p.into_inner());
@@ -123,7 +151,11 @@ impl KafkaBroker {
         SharedBroker(guard)
     }
 
-    fn start_with(advertised_port: Option<u16>, on_listen_port: &mut dyn FnMut(u16)) -> Self {
+    fn start_with(
+        advertised_port: Option<u16>,
+        listeners: Listeners,
+        on_listen_port: &mut dyn FnMut(u16),
+    ) -> Self {
         let libs = kafka_libs_dir();
         let dir = tempfile::Builder::new()
             .prefix("outbox-relay-kafka-")
@@ -136,13 +168,21 @@ impl KafkaBroker {
             controller_port: 0,
             advertised_port,
             earlier_log: String::new(),
+            secure: None,
             dir,
         };
+        if listeners == Listeners::Secured {
+            broker.secure = Some(SecureListeners::generate(broker.dir.path()));
+        }
         std::fs::write(broker.dir.path().join("log4j2.properties"), log4j_config())
             .expect("writing log4j2.properties");
         for attempt in 1..=PORT_ATTEMPTS {
             broker.port = free_port();
             broker.controller_port = free_port();
+            if let Some(secure) = &mut broker.secure {
+                secure.ssl_port = free_port();
+                secure.sasl_ssl_port = free_port();
+            }
             on_listen_port(broker.port);
             broker.write_server_properties();
             if attempt == 1 {
@@ -175,6 +215,30 @@ impl KafkaBroker {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// `127.0.0.1:PORT` of the SSL listener (`security.protocol=SSL`). Panics unless the
+    /// broker was started secured.
+    pub fn ssl_bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.secure().ssl_port)
+    }
+
+    /// `127.0.0.1:PORT` of the SASL_SSL listener (`security.protocol=SASL_SSL`,
+    /// `sasl.mechanism` SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN). Panics unless the broker
+    /// was started secured.
+    pub fn sasl_ssl_bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.secure().sasl_ssl_port)
+    }
+
+    /// The secured broker's CA (and an unrelated one), as PEM files.
+    pub fn tls(&self) -> &BrokerTls {
+        &self.secure().tls
+    }
+
+    fn secure(&self) -> &SecureListeners {
+        self.secure
+            .as_ref()
+            .expect("the broker was started with KafkaBroker::start_secured")
     }
 
     /// The broker's temp dir (`data/` is its log directory).
@@ -255,16 +319,23 @@ impl KafkaBroker {
     fn write_server_properties(&self) {
         let advertised = self.advertised_port.unwrap_or(self.port);
         let log_dir = self.dir.path().join("data");
+        let (secure_listeners, secure_properties) = match &self.secure {
+            Some(secure) => (
+                format!(",{}", secure.listeners()),
+                secure.server_properties(),
+            ),
+            None => (String::new(), String::new()),
+        };
         let properties = format!(
             "# Generated by harness/src/kafka.rs: one combined broker and controller.\n\
              process.roles=broker,controller\n\
              node.id=1\n\
              controller.quorum.voters=1@127.0.0.1:{controller}\n\
-             listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}\n\
-             advertised.listeners=PLAINTEXT://127.0.0.1:{advertised}\n\
+             listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}{secure_listeners}\n\
+             advertised.listeners=PLAINTEXT://127.0.0.1:{advertised}{secure_listeners}\n\
              controller.listener.names=CONTROLLER\n\
              inter.broker.listener.name=PLAINTEXT\n\
-             listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
+             listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL\n\
              log.dirs={log_dir}\n\
              # As in production: topics exist only when someone creates them.\n\
              auto.create.topics.enable=false\n\
@@ -285,7 +356,8 @@ impl KafkaBroker {
              broker.heartbeat.interval.ms=500\n\
              # Small segments and indexes: tests write little, and many brokers share a disk.\n\
              log.segment.bytes=16777216\n\
-             log.index.size.max.bytes=1048576\n",
+             log.index.size.max.bytes=1048576\n\
+             {secure_properties}",
             port = self.port,
             controller = self.controller_port,
             log_dir = log_dir.display(),
@@ -302,6 +374,11 @@ impl KafkaBroker {
             .arg("kafka.tools.StorageTool")
             .args(["format", "--ignore-formatted", "-t", CLUSTER_ID, "-c"])
             .arg(self.dir.path().join("server.properties"))
+            .args(if self.secure.is_some() {
+                SecureListeners::format_args()
+            } else {
+                Vec::new()
+            })
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -423,78 +500,6 @@ impl std::ops::Deref for SharedBroker {
     }
 }
 
-/// `sh -c 'read _; kill -9 PID'` with its stdin a pipe from the test process: when the
-/// test process exits (normally, by panic, or killed), the pipe closes and the JVM dies
-/// with it. Dropping the watchdog (the broker was retired the ordinary way) kills the
-/// shell.
-struct Watchdog(Child);
-
-impl Watchdog {
-    fn start(pid: u32) -> Self {
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(format!("read _ignored; kill -9 {pid} 2>/dev/null"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawning the Kafka broker's watchdog shell");
-        Watchdog(child)
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = wait_child(&mut self.0, Duration::from_secs(5));
-    }
-}
-
-/// `java` (from `$JAVA_HOME` when set) with the broker's class path, heap bound and
-/// logging configuration, its working directory `dir`.
-fn java_command(libs: &Path, dir: &Path) -> Command {
-    let java = std::env::var_os("JAVA_HOME")
-        .map(|home| PathBuf::from(home).join("bin/java"))
-        .filter(|java| java.is_file())
-        .unwrap_or_else(|| PathBuf::from("java"));
-    let mut command = Command::new(java);
-    command
-        .arg(HEAP)
-        .arg("-Xms64m")
-        // One core's worth of GC and JIT threads: the machine has two, shared with
-        // PostgreSQL, the relay and the test.
-        .arg("-XX:+UseSerialGC")
-        .arg("-XX:CICompilerCount=2")
-        .arg("-Djava.awt.headless=true")
-        .arg(format!(
-            "-Dlog4j2.configurationFile={}",
-            dir.join("log4j2.properties").display()
-        ))
-        .arg("-cp")
-        .arg(format!("{}/*", libs.display()))
-        .current_dir(dir);
-    command
-}
-
-/// Logs warnings and errors (to stdout, which the harness captures); `KAFKA_TEST_LOG`
-/// raises the level of Kafka's own loggers.
-fn log4j_config() -> String {
-    let level = std::env::var(KAFKA_TEST_LOG_ENV).unwrap_or_else(|_| "warn".to_owned());
-    format!(
-        "status = warn\n\
-         appender.out.type = Console\n\
-         appender.out.name = OUT\n\
-         appender.out.layout.type = PatternLayout\n\
-         appender.out.layout.pattern = [%d{{HH:mm:ss,SSS}}] %p %m (%c)%n\n\
-         rootLogger.level = warn\n\
-         rootLogger.appenderRef.out.ref = OUT\n\
-         logger.kafka.name = kafka\n\
-         logger.kafka.level = {level}\n\
-         logger.apache.name = org.apache.kafka\n\
-         logger.apache.level = {level}\n"
-    )
-}
-
 fn process_log(process: &ChildProcess) -> String {
     let mut log = process.stdout();
     if !log.is_empty() {
@@ -502,45 +507,6 @@ fn process_log(process: &ChildProcess) -> String {
     }
     log.push_str(&process.stderr());
     log
-}
-
-/// The Kafka version `deploy/kafka/pom.xml` pins (`<kafka.version>`).
-pub fn kafka_version() -> String {
-    let pom = crate::repo_root().join("deploy/kafka/pom.xml");
-    let text = std::fs::read_to_string(&pom)
-        .unwrap_or_else(|err| panic!("reading {}: {err}", pom.display()));
-    text.split("<kafka.version>")
-        .nth(1)
-        .and_then(|rest| rest.split("</kafka.version>").next())
-        .map(|version| version.trim().to_owned())
-        .unwrap_or_else(|| panic!("{} has no <kafka.version>", pom.display()))
-}
-
-/// Where the broker's jars are: `$OUTBOX_RELAY_KAFKA_LIBS`, else
-/// `${XDG_CACHE_HOME:-~/.cache}/outbox-relay/kafka-<version>/libs` (as in
-/// `deploy/lib.sh`). Panics with the install hint when the broker's jar is not there.
-pub fn kafka_libs_dir() -> PathBuf {
-    let dir = match std::env::var_os(KAFKA_LIBS_ENV) {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                .expect("HOME or XDG_CACHE_HOME is set");
-            cache
-                .join("outbox-relay")
-                .join(format!("kafka-{}", kafka_version()))
-                .join("libs")
-        }
-    };
-    let broker_jar = dir.join(format!("kafka_2.13-{}.jar", kafka_version()));
-    assert!(
-        broker_jar.is_file(),
-        "Apache Kafka's jars are not in {} (no {}); {INSTALL_HINT}",
-        dir.display(),
-        broker_jar.display()
-    );
-    dir
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.

@@ -16,8 +16,13 @@
 //! itself (too large, malformed, illegal topic) is a dead letter, authorization and
 //! configuration stop the relay, and everything else rebuilds the producer and resends
 //! from the slot's acknowledged position.
+//!
+//! Errors outside any record reach the client's error callback; librdkafka reconnects
+//! after them on its own, except that a refused login or TLS handshake would go on
+//! failing for ever: those stop the relay ([`kafka_errors::client_error_stop`]). Secret
+//! property values are cut out of every error text the sink passes on.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -30,7 +35,9 @@ use crate::event::OutboxEvent;
 use crate::metrics::Metrics;
 use crate::sink::kafka_config::KafkaConfig;
 use crate::sink::kafka_config::{admin_config, producer_config};
-use crate::sink::kafka_errors::{action, is_size_error, stop_hint, ErrorAction};
+use crate::sink::kafka_errors::{
+    action, client_error_stop, is_size_error, redact, stop_hint, ErrorAction,
+};
 use crate::sink::kafka_topics::illegal_topic_name;
 use crate::sink::kafka_topics::TopicPreparer;
 use crate::sink::{
@@ -55,13 +62,24 @@ struct RelayContext {
     max_message_bytes: String,
     /// Deliveries are counted per topic here.
     metrics: Arc<Metrics>,
+    /// The user's `[kafka.properties]`, to redact secret values from error texts.
+    properties: BTreeMap<String, String>,
 }
 
 impl ClientContext for RelayContext {
     fn error(&self, error: KafkaError, reason: &str) {
+        let reason = redact(reason, &self.properties);
+        let code = error
+            .rdkafka_error_code()
+            .unwrap_or(RDKafkaErrorCode::Unknown);
+        tracing::warn!(error = %error, reason, "kafka client error");
+        // A refused login or TLS handshake: librdkafka would retry it for ever.
+        if let Some(reason) = client_error_stop(code, &reason) {
+            let _ = self.notices.send(SinkNotice::Stop { reason });
+            return;
+        }
         // Transient errors (broker down, network) are retried by librdkafka on its own;
         // a fatal one is only visible through the client, which the pipeline checks.
-        tracing::warn!(error = %error, reason, "kafka client error");
         let _ = self.notices.send(SinkNotice::ClientError);
     }
 }
@@ -168,6 +186,7 @@ impl KafkaSink {
                     notices: notices.clone(),
                     max_message_bytes: max_message_bytes.clone(),
                     metrics,
+                    properties: settings.properties.clone(),
                 })
                 .map_err(|e| SinkError::KafkaSetup(settings.client_error(&e)))?;
         let admin = admin_config(&settings.brokers, &settings.properties)
@@ -364,6 +383,30 @@ impl Sink for KafkaSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn setup_errors_name_the_property_but_not_its_value() {
+        use rdkafka::producer::BaseProducer;
+        for (key, value) in [
+            // Not a property: librdkafka's error names the key, rdkafka appends the value.
+            ("sasl.pasword", "Zq-typo-secret-1"),
+            // A property this build cannot take (OIDC needs libcurl): librdkafka's own
+            // description quotes the value.
+            ("sasl.oauthbearer.client.secret", "Zq-oidc-secret-2"),
+        ] {
+            let settings: KafkaConfig = toml::from_str(&format!(
+                "brokers = \"127.0.0.1:9\"\n[properties]\n\"{key}\" = \"{value}\"\n"
+            ))
+            .expect("a [kafka] section");
+            let error = admin_config("127.0.0.1:9", &settings.properties)
+                .create::<BaseProducer>()
+                .err()
+                .unwrap_or_else(|| panic!("librdkafka accepted {key}"));
+            let text = settings.client_error(&error);
+            assert!(!text.contains(value), "{key}: {text}");
+            assert!(text.contains(key), "names the property: {text}");
+        }
+    }
 
     #[test]
     fn refusal_reasons_say_what_to_raise_for_size() {

@@ -16,6 +16,20 @@
 //! can never be accepted (its size, its bytes, its topic's name) are dead letters; an
 //! error about the cluster, a partition or a leader is not the record's fault.
 //!
+//! Errors librdkafka raises outside any one record reach the client's error callback,
+//! and librdkafka reconnects after them on its own. Of those, a refused login
+//! (`_AUTHENTICATION`, `SASL_AUTHENTICATION_FAILED`, a mechanism the listener does not
+//! offer) and a failed TLS handshake (`_SSL`: an untrusted or mismatching broker
+//! certificate; a disconnect during the handshake is `_TRANSPORT`, retried) are
+//! definite: with `message.timeout.ms=0` librdkafka would retry them for ever while
+//! nothing is delivered, so the relay stops with the fix instead
+//! ([`client_error_stop`]). Every other code there is librdkafka's to handle, or a
+//! fatal producer error (it comes with its own code, e.g. `CLUSTER_AUTHORIZATION_FAILED`
+//! for a refused producer id), which the pipeline finds through the client and answers
+//! by rebuilding the producer. Nothing is acknowledged past
+//! the undelivered events, so a restart (by the operator, or a supervisor's restart
+//! policy while a new API key reaches every broker) loses nothing.
+//!
 //! Sources: librdkafka's error codes (`rdkafka.h`, `rd_kafka_resp_err_t`) and Kafka's
 //! protocol error list (`org.apache.kafka.common.protocol.Errors`), which say per code
 //! whether it is retriable.
@@ -63,6 +77,11 @@ pub fn action(code: RDKafkaErrorCode) -> ErrorAction {
         | E::SecurityDisabled
         | E::PrincipalDeserializationFailure => ErrorAction::Stop,
 
+        // The TLS handshake failed for a reason of its own (librdkafka reports a
+        // disconnect during the handshake as `_TRANSPORT` instead): the broker's
+        // certificate is not signed by a trusted CA or does not name the host.
+        E::SSL => ErrorAction::Stop,
+
         // Configuration the broker or librdkafka refuses, whatever the record.
         E::InvalidRequiredAcks
         | E::InvalidConfig
@@ -103,6 +122,53 @@ pub fn is_size_error(code: RDKafkaErrorCode) -> bool {
     )
 }
 
+/// The reason to stop for an error of the client's error callback (not tied to a
+/// record): a refused login or TLS handshake. `None` for anything else, which
+/// librdkafka's own reconnecting or the pipeline's fatal-error check answers. `reason` is
+/// librdkafka's text (it names the broker and what failed); it must come redacted
+/// ([`redact`]).
+pub fn client_error_stop(code: RDKafkaErrorCode, reason: &str) -> Option<String> {
+    use RDKafkaErrorCode as E;
+    let refused_connection = matches!(
+        code,
+        E::Authentication
+            | E::SaslAuthenticationFailed
+            | E::UnsupportedSASLMechanism
+            | E::IllegalSASLState
+            | E::SSL
+    );
+    debug_assert!(!refused_connection || action(code) == ErrorAction::Stop);
+    refused_connection.then(|| format!("cannot use Kafka: {reason} ({code}); {}", stop_hint(code)))
+}
+
+/// Properties whose values are secrets, by librdkafka's name: passwords of SASL, of the
+/// TLS key and stores, OAUTHBEARER client secrets and configs, inline PEM keys.
+pub fn is_secret_property(key: &str) -> bool {
+    let key = key.trim().to_ascii_lowercase();
+    key.contains("password")
+        || key.contains("secret")
+        || key == "ssl.key.pem"
+        || key == "ssl_key"
+        || key == "sasl.oauthbearer.config"
+        || key == "sasl.jaas.config"
+}
+
+/// `text` with every secret value of `properties` replaced by `<redacted>`, so that no
+/// error or log line repeats one (librdkafka's configuration errors echo values).
+pub fn redact<'a>(
+    text: &str,
+    properties: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> String {
+    let mut text = text.to_owned();
+    for (key, value) in properties {
+        // Two characters could occur anywhere; a secret that short protects nothing.
+        if is_secret_property(key) && value.len() > 2 {
+            text = text.replace(value.as_str(), "<redacted>");
+        }
+    }
+    text
+}
+
 /// What to tell the operator for an error the relay stops on.
 pub fn stop_hint(code: RDKafkaErrorCode) -> &'static str {
     use RDKafkaErrorCode as E;
@@ -113,11 +179,16 @@ pub fn stop_hint(code: RDKafkaErrorCode) -> &'static str {
         E::ClusterAuthorizationFailed | E::TransactionalIdAuthorizationFailed => {
             "grant the relay's principal IDEMPOTENT_WRITE on the cluster (the idempotent producer needs it)"
         }
-        E::SaslAuthenticationFailed
-        | E::UnsupportedSASLMechanism
-        | E::IllegalSASLState
-        | E::Authentication
-        | E::SecurityDisabled
+        E::SaslAuthenticationFailed | E::Authentication => {
+            "the brokers refused the relay's login: check security.protocol, sasl.mechanism, sasl.username and sasl.password in [kafka.properties] (a new user or API key can take a minute to reach every broker: start the relay again then)"
+        }
+        E::UnsupportedSASLMechanism | E::IllegalSASLState => {
+            "the brokers do not offer this sasl.mechanism on this listener: check sasl.mechanism and security.protocol in [kafka.properties] against the listener behind bootstrap.servers"
+        }
+        E::SSL => {
+            "the TLS connection to the brokers failed: set ssl.ca.location in [kafka.properties] to the CA that signed the brokers' certificates (unset, the system's CA store is used, which suits MSK and Confluent Cloud), and check that the brokers' certificates name the hosts in [kafka] brokers"
+        }
+        E::SecurityDisabled
         | E::GroupAuthorizationFailed
         | E::DelegationTokenAuthorizationFailed
         | E::PrincipalDeserializationFailure => {
@@ -136,6 +207,7 @@ pub fn stop_hint(code: RDKafkaErrorCode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
     use RDKafkaErrorCode as E;
 
     #[test]
@@ -195,6 +267,7 @@ mod tests {
             E::TransactionalIdAuthorizationFailed,
             E::SaslAuthenticationFailed,
             E::Authentication,
+            E::SSL,
             E::InvalidRequiredAcks,
             E::InvalidConfig,
             E::InvalidPartitions,
@@ -208,6 +281,66 @@ mod tests {
         assert!(stop_hint(E::TopicAuthorizationFailed).contains("WRITE"));
         assert!(stop_hint(E::ClusterAuthorizationFailed).contains("IDEMPOTENT_WRITE"));
         assert!(stop_hint(E::InvalidReplicationFactor).contains("topic_replication_factor"));
+    }
+
+    #[test]
+    fn failed_logins_and_tls_handshakes_stop_the_relay_naming_the_fix() {
+        let login = client_error_stop(
+            E::Authentication,
+            "sasl_ssl://127.0.0.1:9/bootstrap: SASL authentication error: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-256",
+        )
+        .expect("a refused login stops the relay");
+        assert!(login.contains("SASL authentication error"), "{login}");
+        assert!(login.contains("sasl.password"), "{login}");
+        let tls = client_error_stop(
+            E::SSL,
+            "ssl://127.0.0.1:9/bootstrap: SSL handshake failed: certificate verify failed",
+        )
+        .expect("an untrusted broker certificate stops the relay");
+        assert!(tls.contains("certificate verify failed"), "{tls}");
+        assert!(tls.contains("ssl.ca.location"), "{tls}");
+        assert!(client_error_stop(E::SaslAuthenticationFailed, "x").is_some());
+        assert!(client_error_stop(E::UnsupportedSASLMechanism, "x")
+            .is_some_and(|stop| stop.contains("sasl.mechanism")));
+        // A broker that is down, a disconnect during the TLS handshake, a name that does
+        // not resolve: librdkafka reconnects, the relay waits.
+        // A fatal producer error arrives with its own code (a refused producer id:
+        // CLUSTER_AUTHORIZATION_FAILED); the pipeline rebuilds the producer for it.
+        for code in [
+            E::BrokerTransportFailure,
+            E::AllBrokersDown,
+            E::Resolve,
+            E::Fatal,
+            E::ClusterAuthorizationFailed,
+            E::Unknown,
+        ] {
+            assert_eq!(client_error_stop(code, "x"), None, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn secret_values_are_redacted_from_error_text() {
+        let properties: BTreeMap<String, String> = [
+            ("sasl.password", "hunter22"),
+            ("ssl.key.password", "k3y-pass"),
+            ("sasl.oauthbearer.client.secret", "oidc-s3cret"),
+            ("sasl.username", "alice"),
+            ("ssl.keystore.password", "x"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let text = redact(
+            "Client config error: bad value hunter22 / k3y-pass / oidc-s3cret for alice x",
+            &properties,
+        );
+        assert!(!text.contains("hunter22"), "{text}");
+        assert!(!text.contains("k3y-pass"), "{text}");
+        assert!(!text.contains("oidc-s3cret"), "{text}");
+        assert!(text.contains("alice"), "a user name is no secret: {text}");
+        assert!(text.contains(" x"), "too short to redact anywhere: {text}");
+        assert!(is_secret_property("SASL.PASSWORD"));
+        assert!(!is_secret_property("sasl.mechanism"));
     }
 
     #[test]
