@@ -3,6 +3,7 @@
 
 pub mod ack;
 pub mod backoff;
+pub mod check;
 pub mod deadletter;
 pub mod feedback;
 pub mod lag;
