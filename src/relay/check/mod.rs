@@ -16,6 +16,7 @@
 mod gather;
 pub mod kafka;
 pub mod postgres;
+mod slot;
 
 use std::time::Duration;
 
