@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use outbox_relay::config::{Config, Validated};
+use outbox_relay::config::{Config, ConfigError, Validated};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -39,10 +39,18 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Check the configuration file and exit.
+    /// Check the configuration, then everything the relay needs on the live system
+    /// (PostgreSQL, the outbox table, publication, slot, Kafka), changing nothing.
+    /// Lists every problem with its fix; exit 1 if there is any.
     Check {
         #[arg(long, short)]
         config: PathBuf,
+        /// Check the configuration file only, without connecting anywhere.
+        #[arg(long)]
+        offline: bool,
+        /// Print the findings as a JSON array of {id, status, message, fix}.
+        #[arg(long)]
+        json: bool,
     },
     /// Print the SQL that sets up a database for the relay (the outbox table, its
     /// state table, the publication, a relay role and an application role that may
@@ -162,13 +170,60 @@ fn main() -> ExitCode {
         }
     }
     match cli.command {
-        Command::Check { config } => match Config::load(&config) {
-            Ok(_) => {
-                eprintln!("{}: ok", config.display());
+        Command::Check {
+            config,
+            offline,
+            json,
+        } => {
+            use outbox_relay::relay::check::{self, Report};
+            let shown = config.display().to_string();
+            let settings = match Config::load(&config) {
+                Ok(settings) => settings,
+                Err(ConfigError::Invalid { problems, .. }) if json => {
+                    println!(
+                        "{}",
+                        Report::new(check::config_problems(&problems), None).json()
+                    );
+                    return ExitCode::FAILURE;
+                }
+                Err(e) if json => {
+                    println!(
+                        "{}",
+                        Report::new(check::config_problems(&[e.to_string()]), None).json()
+                    );
+                    return ExitCode::FAILURE;
+                }
+                Err(e) => return fail(&e),
+            };
+            if offline && !json {
+                eprintln!("{shown}: ok");
+                return ExitCode::SUCCESS;
+            }
+            let mut findings = vec![check::config_ok(&shown)];
+            if !offline {
+                let runtime = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => return fail(&e),
+                };
+                findings
+                    .extend(runtime.block_on(check::live(&settings, &format!("--config {shown}"))));
+            }
+            let report = Report::new(findings, Some(&settings));
+            if json {
+                println!("{}", report.json());
+            } else {
+                print!("{}", report.text());
+            }
+            if report.has_problems() {
+                ExitCode::FAILURE
+            } else {
                 ExitCode::SUCCESS
             }
-            Err(e) => fail(&e),
-        },
+        }
         Command::Run { config } => {
             let (settings, runtime) = match load_with_runtime(&config) {
                 Ok(loaded) => loaded,

@@ -85,10 +85,11 @@ impl ConfigFile {
         ConfigFile { path, _dir: dir }
     }
 
-    /// `outbox-relay check --config FILE`: (status, stdout, stderr).
+    /// `outbox-relay check --offline --config FILE` (the file alone, no connection):
+    /// (status, stdout, stderr).
     fn check(&self) -> (ExitStatus, String, String) {
         let output = Command::new(relay_bin())
-            .arg("check")
+            .args(["check", "--offline"])
             .arg("--config")
             .arg(&self.path)
             .env("RUST_LOG", "info")

@@ -4,6 +4,7 @@
 pub mod ack;
 pub mod admin;
 pub mod backoff;
+pub mod check;
 pub mod deadletter;
 pub mod feedback;
 pub mod lag;

@@ -135,6 +135,17 @@ pub struct Router {
     tombstone_on_empty_payload: bool,
 }
 
+/// The configured column names of a [`Router`] (`outbox.*_column`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouterColumns<'a> {
+    pub id: &'a str,
+    pub key: &'a str,
+    pub route_by: &'a str,
+    pub event_type: &'a str,
+    pub payload: &'a str,
+    pub timestamp: Option<&'a str>,
+}
+
 /// Longest row value quoted in an error message.
 const QUOTED_VALUE_CHARS: usize = 64;
 
@@ -164,14 +175,34 @@ impl Router {
         }
     }
 
-    /// The topic of every route-by value the regex matches, when the template uses
-    /// none of its groups (a constant such as `"events"`).
     pub fn key_column(&self) -> &str {
         &self.key_column
     }
 
+    /// The topic of every route-by value the regex matches, when the template uses
+    /// none of its groups (a constant such as `"events"`).
     pub fn constant_topic(&self) -> Option<String> {
         self.topic.constant()
+    }
+
+    /// The template's text before its first group (all of it for a constant topic):
+    /// every topic the regex routes to starts with it.
+    pub fn topic_prefix(&self) -> String {
+        self.topic.literal_prefix()
+    }
+
+    /// The column names the router reads, each with its `[outbox]` key, for checks of
+    /// the table against the settings (`outbox-relay check`); the additional columns
+    /// are in [`Router::additional`].
+    pub fn columns(&self) -> RouterColumns<'_> {
+        RouterColumns {
+            id: &self.id_column,
+            key: &self.key_column,
+            route_by: &self.route_by_column,
+            event_type: &self.type_column,
+            payload: &self.payload_column,
+            timestamp: self.timestamp_column.as_deref(),
+        }
     }
 
     /// The parsed `outbox.additional` entries.

@@ -8,6 +8,7 @@
 pub mod kafka;
 pub mod kafka_config;
 pub mod kafka_errors;
+pub mod kafka_probe;
 pub mod kafka_topics;
 pub mod stdout;
 

@@ -171,6 +171,18 @@ impl TopicRule {
         Some(topic)
     }
 
+    /// The template's literal text before its first group.
+    pub fn literal_prefix(&self) -> String {
+        let mut prefix = String::new();
+        for part in &self.template {
+            match part {
+                TemplatePart::Literal(text) => prefix.push_str(text),
+                TemplatePart::Group(_) => break,
+            }
+        }
+        prefix
+    }
+
     /// The topic for one route-by value.
     pub fn topic(&self, routed_by: &str) -> String {
         let Some(captures) = self.anchored.captures(routed_by) else {

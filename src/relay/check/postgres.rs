@@ -1,0 +1,514 @@
+//! Pure: what the PostgreSQL side of a preflight found ([`PgFacts`], gathered by
+//! [`super::gather`]) → findings, each problem with its fix. The wording of the fixes
+//! reuses the relay's own (the `SetupError` messages, the lost-slot message, the
+//! `CREATE PUBLICATION` and state-table statements), so `check` and `run` say the same.
+//! The slot, its WAL and the record table are judged in [`super::slot`].
+
+use crate::pg::diagnose::SetupError;
+use crate::pg::slot::{create_publication_sql, SourceSpec, FAILOVER_SLOTS_SINCE};
+use crate::pg::sql::quote_ident;
+use crate::pg::state::SlotRecord;
+use crate::relay::router::{AdditionalField, Placement, RouterColumns};
+
+use super::Finding;
+
+/// Oldest supported PostgreSQL (`server_version_num`).
+pub const SUPPORTED_SINCE: u32 = 130_000;
+
+// pg_type OIDs the router treats specially (see relay::router::pgtext).
+const BYTEA: u32 = 17;
+const INT8: u32 = 20;
+const INT2: u32 = 21;
+const INT4: u32 = 23;
+const TEXT: u32 = 25;
+const JSON: u32 = 114;
+const BPCHAR: u32 = 1042;
+const VARCHAR: u32 = 1043;
+const TIMESTAMP: u32 = 1114;
+const TIMESTAMPTZ: u32 = 1184;
+const JSONB: u32 = 3802;
+
+/// Server-wide settings and the role, from one query.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerSettings {
+    pub version: String,
+    pub version_num: u32,
+    pub in_recovery: bool,
+    pub wal_level: String,
+    pub max_replication_slots: u32,
+    pub used_replication_slots: u32,
+    pub max_wal_senders: u32,
+    pub active_wal_senders: u32,
+    pub user: String,
+    pub database: String,
+    pub rolreplication: bool,
+    pub superuser: bool,
+    /// CREATE on the database (needed to create the publication).
+    pub may_create_in_database: bool,
+    /// `max_slot_wal_keep_size` in bytes; `None` when unlimited (-1).
+    pub max_slot_wal_keep_size: Option<i64>,
+    /// `synchronized_standby_slots` (PostgreSQL 17+).
+    pub synchronized_standby_slots: Option<String>,
+}
+
+/// The outbox table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableFacts {
+    /// `pg_class.relkind`: `r` table, `p` partitioned table.
+    pub relkind: String,
+    /// The role is (a member of) the owner.
+    pub owned: bool,
+    pub columns: Vec<ColumnFacts>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ColumnFacts {
+    pub name: String,
+    pub type_oid: u32,
+    /// `format_type`, for messages.
+    pub type_name: String,
+    pub not_null: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublicationFacts {
+    pub inserts: bool,
+    pub via_root: bool,
+    pub all_tables: bool,
+    /// Relations it publishes (`schema.table`), as `pg_publication_tables` lists them.
+    pub tables: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlotFacts {
+    pub plugin: Option<String>,
+    pub slot_type: String,
+    pub database: Option<String>,
+    pub wal_status: Option<String>,
+    pub invalidation_reason: Option<String>,
+    pub active_pid: Option<i32>,
+    /// `pg_current_wal_lsn() - restart_lsn`.
+    pub retained_bytes: Option<i64>,
+    pub failover: bool,
+}
+
+/// The relay's record table ([`crate::pg::state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateFacts {
+    Exists {
+        may_select: bool,
+        may_insert: bool,
+        may_update: bool,
+        /// The record of the slot (`None` also when it could not be read).
+        record: Option<SlotRecord>,
+    },
+    Missing {
+        schema_exists: bool,
+        may_create: bool,
+    },
+}
+
+/// Everything gathered; a fact whose query failed holds the error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgFacts {
+    pub server: ServerSettings,
+    /// A `replication=database` session and `IDENTIFY_SYSTEM`, as the relay opens it.
+    pub replication_session: Result<(), String>,
+    pub table: Result<Option<TableFacts>, String>,
+    pub publication: Result<Option<PublicationFacts>, String>,
+    pub slot: Result<Option<SlotFacts>, String>,
+    pub state: Result<StateFacts, String>,
+}
+
+/// What the facts are checked against.
+#[derive(Debug, Clone)]
+pub struct Target<'a> {
+    pub spec: &'a SourceSpec,
+    pub columns: RouterColumns<'a>,
+    pub additional: &'a [AdditionalField],
+    /// `--config FILE`, for the commands the fixes name.
+    pub config_hint: String,
+}
+
+/// Every PostgreSQL finding.
+pub fn findings(facts: &PgFacts, target: &Target<'_>) -> Vec<Finding> {
+    let mut out = Vec::new();
+    server(&facts.server, &mut out);
+    replication_role(facts, &mut out);
+    let table = match &facts.table {
+        Ok(table) => table.as_ref(),
+        Err(e) => {
+            out.push(not_checked("outbox.table", e));
+            None
+        }
+    };
+    outbox_table(table, target, &mut out);
+    publication(facts, table, target, &mut out);
+    super::slot::findings(facts, target, &mut out);
+    out
+}
+
+pub(super) fn not_checked(id: &str, error: &str) -> Finding {
+    Finding::problem(
+        id,
+        format!("could not be checked: {error}"),
+        "run the check with the relay's own role against the primary; the error names what is missing",
+    )
+}
+
+fn server(server: &ServerSettings, out: &mut Vec<Finding>) {
+    let seventeen = "failover slots (a slot that survives a promotion, [postgres] failover_slot) need PostgreSQL 17";
+    out.push(if server.version_num >= SUPPORTED_SINCE {
+        let features = if server.version_num >= FAILOVER_SLOTS_SINCE {
+            "failover slots available".to_owned()
+        } else {
+            format!("{seventeen}, so after a failover the slot must be recreated")
+        };
+        Finding::ok(
+            "postgres.version",
+            format!(
+                "PostgreSQL {} is supported (13 and later); {features}",
+                server.version
+            ),
+        )
+    } else {
+        Finding::problem(
+            "postgres.version",
+            format!(
+                "PostgreSQL {} is not supported: the relay needs 13 or later ({seventeen})",
+                server.version
+            ),
+            "upgrade PostgreSQL to 13 or later",
+        )
+    });
+    out.push(if server.in_recovery {
+        Finding::problem(
+            "postgres.primary",
+            "the server is in recovery (a standby): the relay streams from a primary and would wait here until this server is promoted",
+            "point [postgres] url at the primary, or list every host with target_session_attrs=read-write",
+        )
+    } else {
+        Finding::ok("postgres.primary", "the server is a primary")
+    });
+    out.push(if server.wal_level == "logical" {
+        Finding::ok("postgres.wal_level", "wal_level = logical")
+    } else {
+        Finding::problem(
+            "postgres.wal_level",
+            format!(
+                "wal_level = {}: logical replication needs wal_level = logical",
+                server.wal_level
+            ),
+            "ALTER SYSTEM SET wal_level = logical (or set it in postgresql.conf), then restart PostgreSQL",
+        )
+    });
+}
+
+fn replication_role(facts: &PgFacts, out: &mut Vec<Finding>) {
+    let server = &facts.server;
+    let user = &server.user;
+    let attribute = server.rolreplication || server.superuser;
+    out.push(match (&facts.replication_session, attribute) {
+        (Ok(()), true) => Finding::ok(
+            "postgres.replication_role",
+            format!(
+                "role {user:?} has {} and opened a replication session",
+                if server.superuser { "superuser" } else { "REPLICATION" }
+            ),
+        ),
+        (session, _) => {
+            let mut message = SetupError::NoReplicationPrivilege { user: user.clone() }
+                .to_string();
+            if attribute {
+                message = format!("role {user:?} has REPLICATION, but a replication session failed");
+            }
+            if let Err(e) = session {
+                message.push_str(&format!(" (replication session: {e})"));
+            }
+            Finding::problem(
+                "postgres.replication_role",
+                message,
+                if attribute {
+                    "allow the role's replication connections in pg_hba.conf (database = the outbox's database) and check the error above".to_owned()
+                } else {
+                    format!("ALTER ROLE {} WITH REPLICATION", quote_ident(user))
+                },
+            )
+        }
+    });
+}
+
+fn outbox_table(table: Option<&TableFacts>, target: &Target<'_>, out: &mut Vec<Finding>) {
+    let name = &target.spec.table;
+    let Some(table) = table else {
+        out.push(Finding::problem(
+            "outbox.table",
+            format!("the outbox table {name} does not exist in this database"),
+            "create it (sql/outbox.sql has the default shape) or set [outbox] table to the right name",
+        ));
+        return;
+    };
+    match table.relkind.as_str() {
+        "r" => out.push(Finding::ok("outbox.table", format!("{name} exists"))),
+        "p" => out.push(Finding::ok(
+            "outbox.table",
+            format!("{name} exists, partitioned (its rows are published under its name through publish_via_partition_root)"),
+        )),
+        other => {
+            out.push(Finding::problem(
+                "outbox.table",
+                format!("{name} is not a table (pg_class.relkind {other:?})"),
+                "point [outbox] table at a table or a partitioned table",
+            ));
+            return;
+        }
+    }
+    let cols = target.columns;
+    let column = |name: &str| table.columns.iter().find(|c| c.name == name);
+    let quoted = name.quoted();
+    let mut each = |id: &str, setting: &str, name: &str, rule: ColumnRule| {
+        out.push(column_finding(
+            id,
+            setting,
+            name,
+            column(name),
+            rule,
+            &quoted,
+        ));
+    };
+    each("outbox.id_column", "id_column", cols.id, ColumnRule::Id);
+    each(
+        "outbox.key_column",
+        "key_column",
+        cols.key,
+        ColumnRule::Present,
+    );
+    each(
+        "outbox.route_by_column",
+        "route_by_column",
+        cols.route_by,
+        ColumnRule::RouteBy,
+    );
+    each(
+        "outbox.type_column",
+        "type_column",
+        cols.event_type,
+        ColumnRule::Type,
+    );
+    each(
+        "outbox.payload_column",
+        "payload_column",
+        cols.payload,
+        ColumnRule::Payload,
+    );
+    if let Some(timestamp) = cols.timestamp {
+        each(
+            "outbox.timestamp_column",
+            "timestamp_column",
+            timestamp,
+            ColumnRule::Timestamp,
+        );
+    }
+    for field in target.additional {
+        let rule = match field.placement {
+            Placement::Partition => ColumnRule::Partition,
+            Placement::Header | Placement::Envelope => ColumnRule::Present,
+        };
+        let id = format!("outbox.additional[{}]", field.index);
+        let setting = format!("additional[{}] = {:?}", field.index, field.spec);
+        each(&id, &setting, &field.column, rule);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ColumnRule {
+    Id,
+    RouteBy,
+    Type,
+    Payload,
+    Timestamp,
+    Partition,
+    Present,
+}
+
+fn column_finding(
+    id: &str,
+    setting: &str,
+    name: &str,
+    column: Option<&ColumnFacts>,
+    rule: ColumnRule,
+    table: &str,
+) -> Finding {
+    let Some(column) = column else {
+        let message = format!("the outbox table has no column {name:?} (outbox.{setting})");
+        if rule == ColumnRule::Type {
+            return Finding::warning(
+                id,
+                format!("{message}: the event type is then unknown to logs and dead letters"),
+                "add the column or set [outbox] type_column",
+            );
+        }
+        return Finding::problem(
+            id,
+            format!("{message}: every row would be an invalid event (a dead letter, or the relay stops)"),
+            format!("add the column or change outbox.{setting}"),
+        );
+    };
+    let described = format!("column {name:?} ({})", column.type_name);
+    match rule {
+        ColumnRule::Id if !column.not_null => Finding::problem(
+            id,
+            format!("{described} may be NULL: an event without an id cannot be deduplicated and is refused"),
+            format!("ALTER TABLE {table} ALTER COLUMN {} SET NOT NULL (or make it the primary key)", quote_ident(name)),
+        ),
+        ColumnRule::RouteBy if !column.not_null => Finding::warning(
+            id,
+            format!("{described} may be NULL: a row without it has no topic and is an invalid event"),
+            format!("ALTER TABLE {table} ALTER COLUMN {} SET NOT NULL", quote_ident(name)),
+        ),
+        ColumnRule::Payload => match column.type_oid {
+            JSON | JSONB => Finding::ok(id, format!("{described}: sent as JSON")),
+            BYTEA => Finding::ok(id, format!("{described}: sent as raw bytes")),
+            TEXT | VARCHAR | BPCHAR => Finding::ok(id, format!("{described}: sent as UTF-8 text")),
+            _ => Finding::warning(
+                id,
+                format!("{described}: not json, jsonb, text or bytea, so the record value is its text form"),
+                format!("use jsonb (ALTER TABLE {table} ALTER COLUMN {} TYPE jsonb USING ...) or text, json, bytea", quote_ident(name)),
+            ),
+        },
+        ColumnRule::Timestamp if !matches!(column.type_oid, TIMESTAMPTZ | TIMESTAMP) => {
+            Finding::problem(
+                id,
+                format!("{described} is not a timestamp: every row would have an unusable record timestamp"),
+                "point outbox.timestamp_column at a timestamptz (or timestamp) column, or unset it to use the commit time",
+            )
+        }
+        ColumnRule::Partition => match column.type_oid {
+            INT2 | INT4 => Finding::ok(id, format!("{described} gives the partition")),
+            INT8 => Finding::warning(
+                id,
+                format!("{described}: a value beyond 32 bits is an invalid event"),
+                format!("use an integer column: ALTER TABLE {table} ALTER COLUMN {} TYPE integer", quote_ident(name)),
+            ),
+            _ => Finding::problem(
+                id,
+                format!("{described} gives the partition but is not an integer: every row would be an invalid event unless it holds digits"),
+                "place an integer column as the partition",
+            ),
+        },
+        _ => Finding::ok(id, described),
+    }
+}
+
+fn publication(
+    facts: &PgFacts,
+    table: Option<&TableFacts>,
+    target: &Target<'_>,
+    out: &mut Vec<Finding>,
+) {
+    const ID: &str = "postgres.publication";
+    let spec = target.spec;
+    let name = &spec.publication;
+    let quoted = quote_ident(name);
+    let partitioned = table.is_some_and(|t| t.relkind == "p");
+    let publication = match &facts.publication {
+        Ok(publication) => publication,
+        Err(e) => return out.push(not_checked(ID, e)),
+    };
+    let Some(publication) = publication else {
+        let create = create_publication_sql(spec, partitioned);
+        if table.is_none() {
+            return out.push(Finding::warning(
+                ID,
+                format!("publication {name:?} does not exist; it can be created once the outbox table exists"),
+                format!("after creating the table: {create} (the relay runs it itself when its role owns the table and has CREATE on the database)"),
+            ));
+        }
+        let owned = table.is_some_and(|t| t.owned) || facts.server.superuser;
+        let may_create = facts.server.may_create_in_database || facts.server.superuser;
+        out.push(if owned && may_create {
+            Finding::ok(ID, format!("publication {name:?} does not exist; the relay will create it: {create}"))
+        } else {
+            let missing = match (owned, may_create) {
+                (false, false) => "does not own the outbox table and has no CREATE on the database",
+                (false, true) => "does not own the outbox table",
+                _ => "has no CREATE on the database",
+            };
+            Finding::problem(
+                ID,
+                format!("publication {name:?} does not exist and the relay's role {missing}, so it cannot create it"),
+                format!("run `{create}` as the owner of {}", spec.table),
+            )
+        });
+        return;
+    };
+    let mut problems = Vec::new();
+    let mut fixes = Vec::new();
+    if !publication.inserts {
+        problems.push("does not publish inserts".to_owned());
+        fixes.push(format!(
+            "ALTER PUBLICATION {quoted} SET (publish = 'insert')"
+        ));
+    }
+    let table_name = &spec.table;
+    if partitioned && !publication.via_root {
+        problems.push(format!("publishes the partitioned outbox {table_name} under its partitions' names (publish_via_partition_root = false), so the relay would not see its rows as events"));
+        fixes.push(format!(
+            "ALTER PUBLICATION {quoted} SET (publish_via_partition_root = true)"
+        ));
+    } else if !publication.all_tables
+        && !publication
+            .tables
+            .iter()
+            .any(|(s, t)| *s == table_name.schema && *t == table_name.name)
+    {
+        problems.push(format!("does not include the outbox table {table_name}"));
+        fixes.push(format!(
+            "ALTER PUBLICATION {quoted} ADD TABLE {}",
+            table_name.quoted()
+        ));
+    }
+    // Published under its partitions' names, the outbox's rows show up as the
+    // partitions: those are not other tables (the via-root problem covers them).
+    let others: Vec<String> = if partitioned && !publication.via_root {
+        Vec::new()
+    } else {
+        publication
+            .tables
+            .iter()
+            .filter(|(s, t)| *s != table_name.schema || *t != table_name.name)
+            .map(|(s, t)| format!("{s}.{t}"))
+            .collect()
+    };
+    if publication.all_tables {
+        problems.push("publishes every table (FOR ALL TABLES): an insert into any other table stops the relay unacknowledged".to_owned());
+        fixes.push(format!(
+            "use a publication of the outbox alone: {}",
+            create_publication_sql(spec, partitioned)
+        ));
+    } else if !others.is_empty() {
+        problems.push(format!(
+            "also publishes {}: an insert there stops the relay unacknowledged",
+            others.join(", ")
+        ));
+        fixes.push(format!(
+            "ALTER PUBLICATION {quoted} SET TABLE {}",
+            table_name.quoted()
+        ));
+    }
+    out.push(if problems.is_empty() {
+        Finding::ok(
+            ID,
+            format!(
+                "publication {name:?} publishes inserts into {table_name}{}",
+                if partitioned { " through its root" } else { "" }
+            ),
+        )
+    } else {
+        Finding::problem(
+            ID,
+            format!("publication {name:?} {}", problems.join("; ")),
+            fixes.join("; "),
+        )
+    });
+}
