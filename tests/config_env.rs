@@ -47,10 +47,11 @@ impl ConfigFile {
         path
     }
 
-    /// `outbox-relay check --config FILE` with `env` added: (status, stdout, stderr).
+    /// `outbox-relay check --offline --config FILE` (the file and the environment, no
+    /// connection) with `env` added: (status, stdout, stderr).
     fn check(&self, env: &[(&str, &str)]) -> (ExitStatus, String, String) {
         let output = Command::new(relay_bin())
-            .arg("check")
+            .args(["check", "--offline"])
             .arg("--config")
             .arg(&self.path)
             .env("RUST_LOG", "info")
