@@ -204,7 +204,7 @@ fn resolve(variable: &str) -> Result<(Vec<String>, Kind), String> {
 }
 
 /// A key path as messages show it (`kafka.properties."sasl.password"`).
-fn shown_key(path: &[String]) -> String {
+pub(super) fn shown_key(path: &[String]) -> String {
     path.iter()
         .map(|part| {
             if part.contains('.') {

@@ -8,7 +8,7 @@
 //! they would quote (`invalid type: string "…"`). A key set from the environment is
 //! named by its variable.
 
-use super::env::Override;
+use super::env::{shown_key as shown, Override};
 
 /// A syntax error of `text`: `line 3, column 7, in postgres.url: <reason>`.
 pub fn syntax_error(text: &str, error: &toml::de::Error) -> String {
@@ -116,20 +116,6 @@ fn split_path(dotted: &str) -> Vec<String> {
         }
         _ => parts.iter().map(|p| (*p).to_owned()).collect(),
     }
-}
-
-/// A key path as messages show it: parts with a dot quoted.
-fn shown(path: &[String]) -> String {
-    path.iter()
-        .map(|part| {
-            if part.contains('.') {
-                format!("{part:?}")
-            } else {
-                part.clone()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(".")
 }
 
 /// The text between `prefix` and the next backtick.
