@@ -148,3 +148,54 @@ fn a_dropped_slot_is_refused_then_recreated_knowingly_and_the_gap_backfilled() {
     }
     assert!(plain(&stderr).contains("delivered"), "{stderr}");
 }
+
+/// The record is written when events were acknowledged, not on every status interval:
+/// an UPDATE of the record writes WAL, which an idle relay would acknowledge and record
+/// again, forever.
+#[test]
+fn an_idle_relay_does_not_keep_rewriting_its_record() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&stdout_config(&pg));
+    insert(&pg, "idle", 1);
+    relay.wait_for_lines(1, WAIT);
+    let after_commit = pg.current_wal_lsn();
+    let mut app = pg.client_db("app");
+    let record = |app: &mut postgres::Client| -> Option<(String, u64)> {
+        app.query_opt(
+            "SELECT xmin::text, acknowledged_lsn::text FROM outbox_relay_state WHERE slot_name = $1",
+            &[&SLOT],
+        )
+        .ok()
+        .flatten()
+        .and_then(|row| {
+            let lsn: Option<String> = row.get(1);
+            Some((row.get(0), support::lsn_to_u64(&lsn?)))
+        })
+    };
+    let (version, _) = support::wait_for("the event's acknowledgement recorded", WAIT, || {
+        record(&mut app).filter(|(_, lsn)| *lsn >= after_commit)
+    });
+    // Ten status updates later (200 ms each): the relay is idle and has told
+    // PostgreSQL so again and again.
+    let mut client = pg.client();
+    let reply_time = |client: &mut postgres::Client| -> f64 {
+        client
+            .query_one(
+                "SELECT coalesce(extract(epoch FROM max(reply_time))::float8, 0)
+                   FROM pg_stat_replication",
+                &[],
+            )
+            .map(|row| row.get(0))
+            .unwrap_or(0.0)
+    };
+    let start = reply_time(&mut client);
+    support::wait_until("ten more status updates", WAIT, || {
+        reply_time(&mut client) >= start + 2.0
+    });
+    let (later, _) = record(&mut app).expect("the record");
+    assert_eq!(
+        later, version,
+        "the record was rewritten while nothing was acknowledged but the relay's own writes"
+    );
+    drop(relay);
+}

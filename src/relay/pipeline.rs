@@ -110,6 +110,10 @@ pub(super) struct Pipeline {
     pub(super) last_reported: Lsn,
     /// The position last written to the state table.
     pub(super) last_recorded: Lsn,
+    /// The end of the last committed transaction that carried events.
+    pub(super) last_event_commit: Lsn,
+    /// The open transaction carried an event (or a dead letter).
+    pub(super) txn_had_events: bool,
     /// A status update owed for a moved position, due at this instant.
     pub(super) status_due: Option<tokio::time::Instant>,
     /// Vouches for the positions acknowledged (the outbox is still published).
@@ -155,7 +159,13 @@ impl Pipeline {
                     );
                     Metrics::set(&self.metrics.health.loop_deadline_unix_ms, deadline);
                     self.ask_watch();
-                    if self.last_reported > self.last_recorded {
+                    // Only once events were acknowledged since the last record: recording
+                    // writes WAL, which an idle relay would then acknowledge and record
+                    // again, forever (an UPDATE every interval on an idle database).
+                    if self.last_reported > self.last_recorded
+                        && self.last_event_commit > self.last_recorded
+                        && self.last_reported >= self.last_event_commit
+                    {
                         // For the lost-slot check: where the slot stood, kept in the
                         // database (once per status interval, not per update).
                         self.watch.record(self.last_reported);
@@ -276,6 +286,7 @@ impl Pipeline {
                 self.commit_times.begin(seq, commit_ts_ms);
             }
             Step::Event { seq, event } => {
+                self.txn_had_events = true;
                 match event {
                     Ok(event) => self.dispatch(event, seq)?,
                     Err(row_error) => self.dead_letter_row(row_error, seq)?,
@@ -288,6 +299,10 @@ impl Pipeline {
             Step::Commit { seq, end_lsn } => {
                 self.tracker.commit(seq, end_lsn)?;
                 self.commit_times.commit(seq, end_lsn);
+                if self.txn_had_events {
+                    self.last_event_commit = end_lsn;
+                    self.txn_had_events = false;
+                }
                 self.progress.transactions += 1;
                 Metrics::add(&self.metrics.transactions, 1);
                 self.sink.flush()?;

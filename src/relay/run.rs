@@ -295,6 +295,8 @@ async fn run_attempt(
         last_status_at: Instant::now(),
         last_reported: prepared.slot_lsn,
         last_recorded: prepared.slot_lsn,
+        last_event_commit: Lsn::ZERO,
+        txn_had_events: false,
         status_due: None,
         watch,
         table: spec.table.clone(),
