@@ -81,6 +81,8 @@ fn value_json(record: &Record) -> Value {
 
 #[test]
 fn debezium_streams_the_same_records_as_the_relay() {
+    // Fails first, naming ./deploy/dev-deps.sh, when the jars are missing.
+    support::debezium::debezium_libs_dir();
     let broker = KafkaBroker::start();
     let bootstrap = broker.bootstrap();
     let pg = cluster_with_outbox(PgOptions::default());

@@ -147,31 +147,54 @@ fn pom_property(name: &str) -> String {
 /// `${XDG_CACHE_HOME:-~/.cache}/outbox-relay/debezium-<version>/libs` (as in
 /// `deploy/lib.sh`); `None` when the connector's or Connect's jar is not there.
 pub fn find_debezium_libs() -> Option<PathBuf> {
-    let dir = match std::env::var_os(DEBEZIUM_LIBS_ENV) {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-            cache
-                .join("outbox-relay")
-                .join(format!("debezium-{}", debezium_version()))
-                .join("libs")
-        }
-    };
-    let connector_jar = dir.join(format!(
-        "debezium-connector-postgres-{}.jar",
-        debezium_version()
-    ));
-    let connect_jar = dir.join(format!("connect-runtime-{}.jar", connect_version()));
-    (connector_jar.is_file() && connect_jar.is_file()).then_some(dir)
+    let dir = libs_setting()?;
+    required_jars(&dir)
+        .iter()
+        .all(|jar| jar.is_file())
+        .then_some(dir)
 }
 
 /// [`find_debezium_libs`], panicking with the install hint when the jars are missing.
 pub fn debezium_libs_dir() -> PathBuf {
     find_debezium_libs().unwrap_or_else(|| {
-        panic!("Kafka Connect's and Debezium's jars are not installed; {INSTALL_HINT}")
+        let wanted = libs_setting()
+            .map(|dir| {
+                let jars: Vec<String> = required_jars(&dir)
+                    .iter()
+                    .map(|jar| jar.display().to_string())
+                    .collect();
+                jars.join(" and ")
+            })
+            .unwrap_or_else(|| "HOME or XDG_CACHE_HOME unset".to_owned());
+        panic!(
+            "Kafka Connect's and Debezium's jars are not installed (no {wanted}); {INSTALL_HINT}"
+        )
     })
+}
+
+fn libs_setting() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(DEBEZIUM_LIBS_ENV) {
+        return Some(PathBuf::from(dir));
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(
+        cache
+            .join("outbox-relay")
+            .join(format!("debezium-{}", debezium_version()))
+            .join("libs"),
+    )
+}
+
+fn required_jars(dir: &Path) -> [PathBuf; 2] {
+    [
+        dir.join(format!(
+            "debezium-connector-postgres-{}.jar",
+            debezium_version()
+        )),
+        dir.join(format!("connect-runtime-{}.jar", connect_version())),
+    ]
 }
 
 pub(super) type Properties = Vec<(String, String)>;
