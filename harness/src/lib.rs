@@ -4,6 +4,8 @@
 //! ```text
 //! PgCluster      throwaway PostgreSQL (initdb + postgres on a free port, temp dir)
 //! KafkaBroker    throwaway Apache Kafka (KRaft, one JVM, free ports, temp dir)
+//! DebeziumConnect Kafka Connect standalone with Debezium's PostgreSQL connector and
+//!                outbox router (the benchmark's side-by-side contender)
 //! RelayProcess   the outbox-relay binary, stdout lines and stderr captured
 //! MemorySink     an in-memory sink for in-process runs of `relay::run`, scripted
 //! ChildProcess   any captured child process (RelayProcess derefs to it)
@@ -16,6 +18,7 @@
 //! PostgreSQL and Kafka are bootstrapped in one place.
 
 pub mod chaos;
+pub mod debezium;
 pub mod kafka;
 pub mod memory_sink;
 pub mod outbox;

@@ -252,3 +252,30 @@ fn spawn_reader(
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// `sh -c 'read _; kill -9 PID'` with its stdin a pipe from the test process: when the
+/// test process exits (normally, by panic, or killed), the pipe closes and the process
+/// `PID` (a JVM: the Kafka broker, Kafka Connect) dies with it. Dropping the watchdog
+/// (the process was retired the ordinary way) kills the shell.
+pub struct Watchdog(Child);
+
+impl Watchdog {
+    pub fn start(pid: u32) -> Self {
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("read _ignored; kill -9 {pid} 2>/dev/null"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning a watchdog shell");
+        Watchdog(child)
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = wait_child(&mut self.0, Duration::from_secs(5));
+    }
+}

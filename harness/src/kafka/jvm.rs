@@ -2,10 +2,7 @@
 //! configuration, and the watchdog that kills it when the test process exits.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
-use super::super::wait::wait_child;
+use std::process::Command;
 
 /// Env var naming the directory that holds the broker's jars.
 pub const KAFKA_LIBS_ENV: &str = "OUTBOX_RELAY_KAFKA_LIBS";
@@ -16,33 +13,6 @@ const INSTALL_HINT: &str = "run ./deploy/dev-deps.sh (it copies Apache Kafka's j
 /// Heap bound for the broker JVM: enough for the million-record tests, small enough
 /// that two brokers and the rest of a test fit the machine.
 const HEAP: &str = "-Xmx512m";
-
-/// `sh -c 'read _; kill -9 PID'` with its stdin a pipe from the test process: when the
-/// test process exits (normally, by panic, or killed), the pipe closes and the JVM dies
-/// with it. Dropping the watchdog (the broker was retired the ordinary way) kills the
-/// shell.
-pub(super) struct Watchdog(Child);
-
-impl Watchdog {
-    pub(super) fn start(pid: u32) -> Self {
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(format!("read _ignored; kill -9 {pid} 2>/dev/null"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawning the Kafka broker's watchdog shell");
-        Watchdog(child)
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = wait_child(&mut self.0, Duration::from_secs(5));
-    }
-}
 
 /// `java` (from `$JAVA_HOME` when set) with the broker's class path, heap bound and
 /// logging configuration, its working directory `dir`.
