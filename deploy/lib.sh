@@ -1,4 +1,4 @@
-# Shared by deploy/dev-deps.sh, deploy/demo.sh, deploy/kafka-broker.sh and bench/run.sh
+# Shared by deploy/dev-deps.sh, deploy/demo.sh, deploy/kafka-broker.sh and the .ci scripts
 # (sourced, not run): where the PostgreSQL server binaries, Apache Kafka's jars and Kafka
 # Connect's and Debezium's jars are on this machine, and how to start a single-node Kafka
 # from those jars.

@@ -11,6 +11,7 @@
 //! ChildProcess   any captured child process (RelayProcess derefs to it)
 //! TestPki        a CA, server and client certificates as PEM files (rcgen)
 //! wait_until     poll a condition every 50 ms until a deadline
+//! procstat       CPU time and peak memory of processes, from /proc (the benchmark)
 //! ```
 //!
 //! A crate of its own, shared by the integration tests (`use outbox_relay_harness as
@@ -24,6 +25,7 @@ pub mod memory_sink;
 pub mod outbox;
 pub mod pg;
 pub mod process;
+pub mod procstat;
 pub mod proxy;
 pub mod relay;
 pub mod tls;

@@ -400,6 +400,15 @@ impl PgCluster {
             .unwrap_or_else(|err| panic!("bad server_version_num {text:?}: {err}"))
     }
 
+    /// The directory of this cluster's server binaries, symbolic links resolved (a
+    /// `postgres` on PATH may be a link into `/usr/lib/postgresql/<major>/bin`): the
+    /// client tools of the same version (`pg_recvlogical`) are there too.
+    pub fn bindir(&self) -> PathBuf {
+        let postgres = std::fs::canonicalize(&self.bins.postgres)
+            .unwrap_or_else(|_| self.bins.postgres.clone());
+        postgres.parent().map(Path::to_path_buf).unwrap_or_default()
+    }
+
     /// `pg_current_wal_lsn()`.
     pub fn current_wal_lsn(&self) -> u64 {
         lsn_to_u64(&query_lsn(
