@@ -142,7 +142,15 @@ fn assert_only_problems(checked: &Checked, ids: &[&str]) {
 fn relay_cluster(options: PgOptions) -> PgCluster {
     let mut hba = options.hba.clone();
     hba.push(RELAY_HBA.into());
-    let pg = cluster_with_outbox(PgOptions { hba, ..options });
+    // PostgreSQL 13 stores new passwords as md5 by default, which scram-sha-256 in
+    // pg_hba.conf refuses.
+    let mut extra_conf = options.extra_conf.clone();
+    extra_conf.push(("password_encryption".into(), "scram-sha-256".into()));
+    let pg = cluster_with_outbox(PgOptions {
+        hba,
+        extra_conf,
+        ..options
+    });
     pg.client_db("app")
         .batch_execute(&format!(
             "CREATE ROLE relay LOGIN REPLICATION PASSWORD '{PASSWORD}';
