@@ -115,17 +115,24 @@ kafka_libs_dir() {
     echo "${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-$(kafka_version)/libs"
 }
 
+# Copies the dependencies POM pins from Maven Central into LIBS (through LIBS.partial,
+# so an interrupted fetch leaves nothing half-done behind): maven_fetch POM LIBS WHAT.
+maven_fetch() {
+    local pom="$1" libs="$2" what="$3"
+    command -v mvn >/dev/null 2>&1 || { echo "Maven (mvn) not found: install it (Debian: apt-get install maven) to fetch $what" >&2; return 1; }
+    echo "fetching $what from Maven Central into $libs" >&2
+    rm -rf "$libs.partial"; mkdir -p "$libs.partial"
+    mvn -q -B -f "$pom" dependency:copy-dependencies -DoutputDirectory="$libs.partial" >&2
+    rm -rf "$libs"; mv "$libs.partial" "$libs"
+}
+
 # Copies the broker and its runtime dependencies from Maven Central into kafka_libs_dir
 # when the broker's jar is not there yet (about 45 MB, seconds). Needs java and mvn.
 ensure_kafka_libs() {
     local libs version
     libs="$(kafka_libs_dir)"; version="$(kafka_version)"
     if [ -f "$libs/kafka_2.13-$version.jar" ]; then return 0; fi
-    command -v mvn >/dev/null 2>&1 || { echo "Maven (mvn) not found: install it (Debian: apt-get install maven) to fetch Apache Kafka" >&2; return 1; }
-    echo "fetching Apache Kafka $version from Maven Central into $libs" >&2
-    mkdir -p "$libs.partial"
-    mvn -q -B -f "$KAFKA_POM" dependency:copy-dependencies -DoutputDirectory="$libs.partial" >&2
-    rm -rf "$libs"; mv "$libs.partial" "$libs"
+    maven_fetch "$KAFKA_POM" "$libs" "Apache Kafka $version"
 }
 
 DEBEZIUM_POM="$DEPLOY_DIR/debezium/pom.xml"
@@ -157,11 +164,7 @@ ensure_debezium_libs() {
     libs="$(debezium_libs_dir)"; version="$(debezium_version)"
     if [ -f "$libs/debezium-connector-postgres-$version.jar" ] \
         && [ -f "$libs/connect-runtime-$(debezium_connect_version).jar" ]; then return 0; fi
-    command -v mvn >/dev/null 2>&1 || { echo "Maven (mvn) not found: install it (Debian: apt-get install maven) to fetch Kafka Connect and Debezium" >&2; return 1; }
-    echo "fetching Kafka Connect and Debezium $version from Maven Central into $libs" >&2
-    rm -rf "$libs.partial"; mkdir -p "$libs.partial"
-    mvn -q -B -f "$DEBEZIUM_POM" dependency:copy-dependencies -DoutputDirectory="$libs.partial" >&2
-    rm -rf "$libs"; mv "$libs.partial" "$libs"
+    maven_fetch "$DEBEZIUM_POM" "$libs" "Kafka Connect and Debezium $version"
 }
 
 # Starts a single-node KRaft Kafka (broker and controller in one JVM) in the background:
