@@ -71,8 +71,8 @@ pub struct Bench<'a> {
 }
 
 /// The counters at the opening of a window.
-struct Window {
-    started: Instant,
+pub(crate) struct Window {
+    pub(crate) started: Instant,
     machine: CpuTime,
     postgres: CpuTime,
     broker: CpuTime,
@@ -82,7 +82,7 @@ struct Window {
 }
 
 /// The window's costs, at its closing.
-struct Costs {
+pub(crate) struct Costs {
     postgres: CpuTime,
     broker: Option<CpuTime>,
     machine: CpuTime,
@@ -104,7 +104,7 @@ impl Bench<'_> {
             .unwrap_or_default()
     }
 
-    fn open(&mut self) -> Window {
+    pub(crate) fn open(&mut self) -> Window {
         let postmaster = self.pg.pid();
         Window {
             machine: procstat::machine_busy().0,
@@ -120,7 +120,7 @@ impl Bench<'_> {
     /// Waits (at most 10 s) until PostgreSQL has reaped every process that was not
     /// there at `open` (the walsender, the polling relay's backends), so their CPU is in
     /// the postmaster's counters, then reads the counters.
-    fn close(&mut self, window: &Window) -> Costs {
+    pub(crate) fn close(&mut self, window: &Window) -> Costs {
         let postmaster = self.pg.pid();
         poll_until(Duration::from_secs(10), || {
             procstat::children_of(postmaster)
@@ -139,7 +139,7 @@ impl Bench<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn measured(
+    pub(crate) fn measured(
         &self,
         id: &str,
         name: &str,
@@ -253,19 +253,8 @@ impl Bench<'_> {
             .prefix("outbox-relay-bench-")
             .tempdir()
             .map_err(|err| format!("temp dir: {err}"))?;
-        let config = self.relay_config(slot, sink)?;
-        let config_path = dir.path().join("relay.toml");
         let log_path = dir.path().join("relay.log");
-        std::fs::write(&config_path, config).map_err(|err| format!("writing config: {err}"))?;
-        let log = std::fs::File::create(&log_path).map_err(|err| format!("relay log: {err}"))?;
-        let mut command = Command::new(&self.relay_bin);
-        command
-            .args(["--log-format", "json", "run", "--config"])
-            .arg(&config_path)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
+        let mut command = self.relay_command(slot, sink, dir.path())?;
 
         let window = self.open();
         let mut relay = KillOnDrop(
@@ -323,6 +312,30 @@ impl Bench<'_> {
             &costs,
             notes,
         ))
+    }
+
+    /// The relay with its default settings on `slot` into `sink`, its config and JSON log
+    /// (`relay.log`) in `dir`, stdout into /dev/null; not started yet.
+    pub(crate) fn relay_command(
+        &self,
+        slot: &str,
+        sink: &str,
+        dir: &Path,
+    ) -> Result<Command, String> {
+        let config_path = dir.join("relay.toml");
+        std::fs::write(&config_path, self.relay_config(slot, sink)?)
+            .map_err(|err| format!("writing config: {err}"))?;
+        let log = std::fs::File::create(dir.join("relay.log"))
+            .map_err(|err| format!("relay log: {err}"))?;
+        let mut command = Command::new(&self.relay_bin);
+        command
+            .args(["--log-format", "json", "run", "--config"])
+            .arg(&config_path)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        Ok(command)
     }
 
     /// The relay's config: defaults everywhere (no `status_interval_ms`, no Kafka
@@ -439,7 +452,7 @@ impl Bench<'_> {
 }
 
 /// `confirmed_flush_lsn` of `slot`, 0 when it has none (or the query failed).
-fn confirmed_flush_lsn(client: &mut Client, slot: &str) -> u64 {
+pub(crate) fn confirmed_flush_lsn(client: &mut Client, slot: &str) -> u64 {
     client
         .query_opt(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
@@ -452,11 +465,11 @@ fn confirmed_flush_lsn(client: &mut Client, slot: &str) -> u64 {
 }
 
 /// A child process killed (and reaped) on drop unless stopped first.
-struct KillOnDrop(Child);
+pub(crate) struct KillOnDrop(pub(crate) Child);
 
 impl KillOnDrop {
     /// SIGTERM (the relay drains and sends a final status update), then waits.
-    fn stop(&mut self, timeout: Duration) -> Result<(), String> {
+    pub(crate) fn stop(&mut self, timeout: Duration) -> Result<(), String> {
         let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         match wait_child(&mut self.0, timeout) {
@@ -512,28 +525,6 @@ fn warning_lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
-fn log_tail(path: &Path) -> String {
+pub(crate) fn log_tail(path: &Path) -> String {
     outbox_relay_harness::wait::tail_lines(&std::fs::read_to_string(path).unwrap_or_default(), 20)
-}
-
-/// (d) Debezium: Kafka Connect (standalone) with the Debezium PostgreSQL connector and
-/// its Outbox Event Router, on its own slot created before the load, the same database
-/// and broker; timed until all its records are in Kafka, with its CPU and RSS.
-///
-/// TODO(issue 11, d): not measured yet. The runner is being written in
-/// `harness/src/debezium.rs`; once it exists, create the slot `bench_debezium` with the
-/// others (main.rs, before the load), start Connect on it here inside a window
-/// (`open`/`close`, its JVM's `procstat::process_cpu` and `peak_rss_kib`), wait until
-/// `setup::records_in_topics` has grown by `events`, and return a `Measured`.
-pub fn debezium_not_measured() -> &'static str {
-    "not yet measured: the Debezium / Kafka Connect runner (harness/src/debezium.rs) is not wired in"
-}
-
-/// (f) Latency: writers committing at fixed rates (1k, 5k, 20k events/s) for 30 s,
-/// commit time → record read by a consumer, p50 / p99 / max, for the relay, Debezium,
-/// the polling relay (100 ms and 1 s poll intervals) and a plain producer as the floor.
-///
-/// TODO(issue 11, f): not measured yet.
-pub fn latency_not_measured() -> &'static str {
-    "not yet measured: commit → consumer latency at fixed rates (issue 11, f)"
 }

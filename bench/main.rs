@@ -23,16 +23,21 @@
 //! (a)      pg_recvlogical on bench_ceiling                  the ceiling
 //! (b)      relay → Kafka on bench_kafka, default settings
 //! (c)      relay → stdout (/dev/null) on bench_stdout
-//! (d)      Debezium: TODO hook (contenders::debezium_not_measured)
+//! (d)      Debezium (Kafka Connect + Outbox Event Router) on bench_debezium
 //! (e)      polling relay, 1 and 4 workers, each on a fresh copy of the loaded table
-//! (f)      latency: TODO hook (contenders::latency_not_measured)
 //! (g)      relay → Kafka on bench_large, one transaction of 1,000,000 rows
+//! (f)      latency: writers at 1k, 5k, 20k events/s for 30 s each, commit → consumer,
+//!          for a plain producer, the relay, Debezium, the polling relay (100 ms, 1 s)
+//! out      the markdown table on stdout; results.json and chart.png in --out-dir
 //! ```
 //!
 //! Each contender waits first until the machine is quiet (`--idle-max-busy`), and one
 //! that started on a busy machine is flagged under the table.
 
 mod contenders;
+mod debezium;
+mod latency;
+mod latency_runs;
 mod polling;
 mod report;
 mod setup;
@@ -45,13 +50,16 @@ use clap::Parser;
 use outbox_relay_harness::procstat;
 
 use contenders::{Bench, Measured};
-use report::{NotMeasured, Report};
+use latency_runs::{LatencyPlan, LATENCY_CONTENDERS};
+use report::Report;
 
 /// The contenders a run can select (`--only`).
-const CONTENDERS: &[&str] = &["ceiling", "kafka", "stdout", "polling", "large"];
+const CONTENDERS: &[&str] = &[
+    "ceiling", "kafka", "stdout", "debezium", "polling", "large", "latency",
+];
 
 #[derive(Debug, Parser)]
-#[command(about = "outbox-relay side by side: the ceiling, the relay, the polling relay")]
+#[command(about = "outbox-relay side by side: the ceiling, the relay, Debezium, the polling relay")]
 struct Options {
     /// Every contender on a few thousand events, no idle wait: proves the benchmark
     /// works in well under a minute; its figures mean nothing.
@@ -73,9 +81,23 @@ struct Options {
     /// Worker counts of the polling relay, one run each.
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     polling_workers: Vec<usize>,
-    /// Run only these contenders (ceiling, kafka, stdout, polling, large).
+    /// Writer rates of the latency runs, events/s [default: 1000,5000,20000; smoke 200].
+    #[arg(long, value_delimiter = ',')]
+    latency_rates: Option<Vec<u32>>,
+    /// Seconds each latency run writes [default: 30; smoke 2].
+    #[arg(long)]
+    latency_seconds: Option<u64>,
+    /// The latency contenders (producer, relay, debezium, polling-100ms, polling-1s)
+    /// [default: all].
+    #[arg(long, value_delimiter = ',')]
+    latency_contenders: Option<Vec<String>>,
+    /// Run only these contenders (ceiling, kafka, stdout, debezium, polling, large,
+    /// latency).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
+    /// Where results.json and chart.png go [default: target/side-by-side].
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
     /// Write the results as JSON to this file too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -169,8 +191,51 @@ fn run(options: &Options) -> Result<(), String> {
 
     log("starting PostgreSQL");
     let pg = setup::start_postgres();
-    let needs_kafka =
-        selected("kafka") || selected("polling") || (selected("large") && large_txn > 0);
+    let latency_rates = options.latency_rates.clone().unwrap_or_else(|| {
+        if smoke {
+            vec![200]
+        } else {
+            vec![1_000, 5_000, 20_000]
+        }
+    });
+    let latency_seconds = options
+        .latency_seconds
+        .unwrap_or(if smoke { 2 } else { 30 });
+    let latency_contenders: Vec<String> = options
+        .latency_contenders
+        .clone()
+        .unwrap_or_else(|| LATENCY_CONTENDERS.iter().map(|&c| c.to_owned()).collect());
+    if let Some(unknown) = latency_contenders
+        .iter()
+        .find(|c| !LATENCY_CONTENDERS.contains(&c.as_str()))
+    {
+        return Err(format!(
+            "--latency-contenders {unknown}: choose from {LATENCY_CONTENDERS:?}"
+        ));
+    }
+    if latency_rates.is_empty() || latency_rates.contains(&0) || latency_seconds == 0 {
+        return Err("--latency-rates and --latency-seconds must be positive".into());
+    }
+    let uses_debezium = selected("debezium")
+        || (selected("latency") && latency_contenders.iter().any(|c| c == "debezium"));
+    if uses_debezium {
+        // Fails early, naming ./deploy/dev-deps.sh, when the jars are missing.
+        outbox_relay_harness::debezium::find_debezium_libs().ok_or(
+            "Kafka Connect's and Debezium's jars are not installed: run ./deploy/dev-deps.sh \
+             (or leave Debezium out: --only without debezium, --latency-contenders without it)",
+        )?;
+    }
+    let out_dir = options
+        .out_dir
+        .clone()
+        .unwrap_or_else(|| outbox_relay_harness::repo_root().join("target/side-by-side"));
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|err| format!("creating {}: {err}", out_dir.display()))?;
+    let needs_kafka = selected("kafka")
+        || selected("debezium")
+        || selected("polling")
+        || selected("latency")
+        || (selected("large") && large_txn > 0);
     let kafka = needs_kafka.then(|| {
         log("starting Apache Kafka");
         setup::start_kafka()
@@ -183,6 +248,7 @@ fn run(options: &Options) -> Result<(), String> {
         ("ceiling", "bench_ceiling"),
         ("kafka", "bench_kafka"),
         ("stdout", "bench_stdout"),
+        ("debezium", "bench_debezium"),
     ]
     .into_iter()
     .filter(|(name, _)| selected(name))
@@ -255,6 +321,12 @@ fn run(options: &Options) -> Result<(), String> {
         setup::drop_slot(&mut bench.admin, "bench_stdout");
         record("(c) relay → stdout", result, &mut measured)?;
     }
+    if selected("debezium") {
+        bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+        let result = bench.debezium("bench_debezium", events);
+        setup::drop_slot(&mut bench.admin, "bench_debezium");
+        record("(d) Debezium", result, &mut measured)?;
+    }
     if selected("polling") {
         for &workers in &options.polling_workers {
             bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
@@ -293,18 +365,32 @@ fn run(options: &Options) -> Result<(), String> {
         );
     }
 
-    let not_measured = vec![
-        NotMeasured {
-            id: "debezium".into(),
-            name: "(d) Debezium (Kafka Connect + Outbox Event Router)".into(),
-            reason: contenders::debezium_not_measured().into(),
-        },
-        NotMeasured {
-            id: "latency".into(),
-            name: "(f) latency, commit → consumer".into(),
-            reason: contenders::latency_not_measured().into(),
-        },
-    ];
+    let mut latency = Vec::new();
+    if selected("latency") {
+        bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+        latency = bench
+            .latency(&LatencyPlan {
+                contenders: &latency_contenders,
+                rates: &latency_rates,
+                seconds: latency_seconds,
+                pad: options.payload_pad,
+            })
+            .map_err(|err| format!("(f) latency: {err}"))?;
+        for run in &latency {
+            if run.received < run.written {
+                notes.push(format!(
+                    "latency {} at {}/s: {} of {} events had not arrived {} s after the writer stopped",
+                    run.contender,
+                    run.rate,
+                    run.written - run.received,
+                    run.written,
+                    latency::DRAIN.as_secs()
+                ));
+            }
+        }
+    }
+    let rows = report::rows(&measured, &latency);
+    let targets = report::targets(&rows, &latency);
     let report = Report {
         smoke,
         machine: report::Machine::detect(
@@ -328,15 +414,28 @@ fn run(options: &Options) -> Result<(), String> {
             "idle_wait_s": idle_wait.as_secs(),
         }),
         load,
-        contenders: report::rows(&measured),
-        not_measured,
+        contenders: rows,
+        latency,
+        targets,
         notes,
     };
     print!("{}", report::markdown(&report));
-    if let Some(path) = &options.json {
-        let json = serde_json::to_string_pretty(&report).map_err(|err| err.to_string())?;
-        std::fs::write(path, json).map_err(|err| format!("writing {}: {err}", path.display()))?;
+    let json = serde_json::to_string_pretty(&report).map_err(|err| err.to_string())?;
+    let json_paths = std::iter::once(out_dir.join("results.json")).chain(options.json.clone());
+    for path in json_paths {
+        std::fs::write(&path, &json).map_err(|err| format!("writing {}: {err}", path.display()))?;
         log(&format!("wrote {}", path.display()));
+    }
+    let chart_path = out_dir.join("chart.png");
+    match outbox_relay_harness::chart::render_png(
+        &chart_path,
+        &report::title(&report),
+        &report::chart_throughput(&report),
+        &report::chart_latency(&report),
+    ) {
+        Ok(()) => log(&format!("wrote {}", chart_path.display())),
+        // The table and the JSON stand without it; say why it is missing.
+        Err(err) => log(&format!("no chart: {err}")),
     }
     log(&format!("done in {:.1} s", started.elapsed().as_secs_f64()));
     Ok(())

@@ -20,6 +20,11 @@
 //! It runs as a child process of the benchmark (the benchmark's own executable, started
 //! with [`WORKER_ARG`]), so its CPU time and peak RSS are its own: at the end it prints
 //! one JSON line with them on stdout.
+//!
+//! Two modes: *drain* (throughput, contender e) stops when a poll finds nothing; *poll
+//! every* (latency, contender f: [`spawn_polling`]) runs until killed, polling again at
+//! once after a full batch and sleeping the poll interval after a short one, as polling
+//! relays are written (a `@Scheduled(fixedDelay = …)` job, a ticker loop).
 
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -110,12 +115,49 @@ pub fn run_child(target: &PollingTarget<'_>, timeout: Duration) -> Result<Worker
         .map_err(|err| format!("the polling relay's report {stdout:?}: {err}; stderr: {stderr}"))
 }
 
-/// The child process: `<exe> __polling_relay URL TABLE BOOTSTRAP WORKERS`.
+/// Starts the polling relay in *poll every* mode (`interval` between polls that found
+/// less than a batch); it runs until the caller kills it.
+pub fn spawn_polling(
+    target: &PollingTarget<'_>,
+    interval: Duration,
+) -> Result<std::process::Child, String> {
+    let exe = std::env::current_exe().map_err(|err| format!("current_exe: {err}"))?;
+    Command::new(exe)
+        .arg(WORKER_ARG)
+        .arg(target.url)
+        .arg(target.table)
+        .arg(target.bootstrap)
+        .arg(target.workers.to_string())
+        .arg(interval.as_millis().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|err| format!("starting the polling relay: {err}"))
+}
+
+/// The child process: `<exe> __polling_relay URL TABLE BOOTSTRAP WORKERS [INTERVAL_MS]`;
+/// without an interval it drains the table and reports, with one it polls until killed.
 pub fn worker_main(args: &[String]) -> Result<(), String> {
-    let [url, table, bootstrap, workers] = args else {
-        return Err(format!(
-            "usage: {WORKER_ARG} URL TABLE BOOTSTRAP WORKERS (got {args:?})"
-        ));
+    let (url, table, bootstrap, workers, interval) = match args {
+        [url, table, bootstrap, workers] => (url, table, bootstrap, workers, None),
+        [url, table, bootstrap, workers, interval] => {
+            let ms: u64 = interval
+                .parse()
+                .map_err(|err| format!("INTERVAL_MS {interval:?}: {err}"))?;
+            (
+                url,
+                table,
+                bootstrap,
+                workers,
+                Some(Duration::from_millis(ms)),
+            )
+        }
+        _ => {
+            return Err(format!(
+                "usage: {WORKER_ARG} URL TABLE BOOTSTRAP WORKERS [INTERVAL_MS] (got {args:?})"
+            ))
+        }
     };
     let workers: usize = workers
         .parse()
@@ -123,7 +165,7 @@ pub fn worker_main(args: &[String]) -> Result<(), String> {
     let handles: Vec<_> = (0..workers)
         .map(|_| {
             let (url, table, bootstrap) = (url.clone(), table.clone(), bootstrap.clone());
-            std::thread::spawn(move || poll_until_empty(&url, &table, &bootstrap))
+            std::thread::spawn(move || poll(&url, &table, &bootstrap, interval))
         })
         .collect();
     let mut report = WorkerReport {
@@ -174,9 +216,15 @@ impl ProducerContext for Deliveries {
     }
 }
 
-/// One worker: polls until the SELECT finds no unpublished row it can lock. Returns the
-/// rows it published and how many polls it made.
-fn poll_until_empty(url: &str, table: &str, bootstrap: &str) -> Result<(u64, u64), String> {
+/// One worker: polls until the SELECT finds no unpublished row it can lock (`interval`
+/// `None`), or forever, sleeping `interval` after every poll that found less than a
+/// batch. Returns the rows it published and how many polls it made.
+fn poll(
+    url: &str,
+    table: &str,
+    bootstrap: &str,
+    interval: Option<Duration>,
+) -> Result<(u64, u64), String> {
     let mut client =
         Client::connect(url, NoTls).map_err(|err| format!("connecting to {url}: {err}"))?;
     let mut config = ClientConfig::new();
@@ -214,8 +262,15 @@ fn poll_until_empty(url: &str, table: &str, bootstrap: &str) -> Result<(u64, u64
         polls += 1;
         if rows.is_empty() {
             txn.commit().map_err(|err| format!("COMMIT: {err}"))?;
-            break;
+            match interval {
+                None => break,
+                Some(interval) => {
+                    std::thread::sleep(interval);
+                    continue;
+                }
+            }
         }
+        let short_batch = rows.len() < BATCH as usize;
         let mut ids = Vec::with_capacity(rows.len());
         for row in &rows {
             let id: String = row.get(0);
@@ -231,6 +286,9 @@ fn poll_until_empty(url: &str, table: &str, bootstrap: &str) -> Result<(u64, u64
             .map_err(|err| format!("marking published: {err}"))?;
         txn.commit().map_err(|err| format!("COMMIT: {err}"))?;
         published += ids.len() as u64;
+        if let (Some(interval), true) = (interval, short_batch) {
+            std::thread::sleep(interval);
+        }
     }
     Ok((published, polls))
 }

@@ -4,7 +4,11 @@
 use std::fmt::Write as _;
 
 use crate::contenders::Measured;
+use crate::latency::LatencyRun;
 use crate::setup::Load;
+
+/// The writer rate whose latency the main table shows (issue 11's reference rate).
+pub const REFERENCE_RATE: u32 = 5_000;
 
 /// Where and on what the benchmark ran.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -69,14 +73,6 @@ impl Machine {
     }
 }
 
-/// A contender that has no figures (yet), and why.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct NotMeasured {
-    pub id: String,
-    pub name: String,
-    pub reason: String,
-}
-
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Report {
     pub smoke: bool,
@@ -84,7 +80,8 @@ pub struct Report {
     pub settings: serde_json::Value,
     pub load: Load,
     pub contenders: Vec<Row>,
-    pub not_measured: Vec<NotMeasured>,
+    pub latency: Vec<LatencyRun>,
+    pub targets: Vec<Target>,
     pub notes: Vec<String>,
 }
 
@@ -96,19 +93,39 @@ pub struct Row {
     pub events_per_second: f64,
     pub ratio_to_ceiling: Option<f64>,
     pub ratio_to_polling_1: Option<f64>,
+    pub ratio_to_debezium: Option<f64>,
+    /// Commit → consumer at [`REFERENCE_RATE`], when this contender's latency was measured.
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
     pub process_cpu_s_per_million: f64,
     pub postgres_cpu_us_per_event: f64,
     pub wal_bytes_per_event: f64,
 }
 
-pub fn rows(measured: &[Measured]) -> Vec<Row> {
+/// The latency contender whose figures go in a throughput row.
+fn latency_of(row_id: &str) -> Option<&'static str> {
+    match row_id {
+        "relay-kafka" => Some("relay"),
+        "debezium" => Some("debezium"),
+        "polling-1" => Some("polling-100ms"),
+        _ => None,
+    }
+}
+
+fn at_reference_rate<'a>(latency: &'a [LatencyRun], contender: &str) -> Option<&'a LatencyRun> {
+    latency
+        .iter()
+        .find(|run| run.contender == contender && run.rate == REFERENCE_RATE)
+}
+
+pub fn rows(measured: &[Measured], latency: &[LatencyRun]) -> Vec<Row> {
     let rate = |id: &str| {
         measured
             .iter()
             .find(|m| m.id == id)
             .map(Measured::events_per_second)
     };
-    let (ceiling, polling) = (rate("ceiling"), rate("polling-1"));
+    let (ceiling, polling, debezium) = (rate("ceiling"), rate("polling-1"), rate("debezium"));
     measured
         .iter()
         .map(|m| {
@@ -123,6 +140,15 @@ pub fn rows(measured: &[Measured]) -> Vec<Row> {
                 ratio_to_polling_1: polling
                     .filter(|_| same_load)
                     .map(|p| m.events_per_second() / p),
+                ratio_to_debezium: debezium
+                    .filter(|_| same_load)
+                    .map(|d| m.events_per_second() / d),
+                p50_ms: latency_of(&m.id)
+                    .and_then(|c| at_reference_rate(latency, c))
+                    .and_then(|run| run.p50_ms),
+                p99_ms: latency_of(&m.id)
+                    .and_then(|c| at_reference_rate(latency, c))
+                    .and_then(|run| run.p99_ms),
                 process_cpu_s_per_million: m.process_cpu_s / events * 1e6,
                 postgres_cpu_us_per_event: m.postgres_cpu_s / events * 1e6,
                 wal_bytes_per_event: m.wal_bytes as f64 / events,
@@ -130,6 +156,102 @@ pub fn rows(measured: &[Measured]) -> Vec<Row> {
             }
         })
         .collect()
+}
+
+/// One of issue 11's targets, judged on this run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Target {
+    pub target: String,
+    pub measured: String,
+    /// `None` when this run did not measure what the target needs.
+    pub met: Option<bool>,
+}
+
+/// Issue 11's targets for this 2-core machine, as ratios from one run.
+pub fn targets(rows: &[Row], latency: &[LatencyRun]) -> Vec<Target> {
+    let row = |id: &str| rows.iter().find(|r| r.measured.id == id);
+    let relay = row("relay-kafka");
+    let mut targets = Vec::new();
+    let mut judge = |target: &str, value: Option<(String, bool)>| {
+        targets.push(Target {
+            target: target.to_owned(),
+            measured: value
+                .as_ref()
+                .map_or_else(|| "not measured".to_owned(), |(text, _)| text.clone()),
+            met: value.map(|(_, met)| met),
+        });
+    };
+    judge(
+        "relay → Kafka ≥ 0.9× the ceiling",
+        relay
+            .and_then(|r| r.ratio_to_ceiling)
+            .map(|x| (format!("{x:.2}×"), x >= 0.9)),
+    );
+    judge(
+        "relay → Kafka ≥ 2× Debezium's throughput",
+        relay
+            .and_then(|r| r.ratio_to_debezium)
+            .map(|x| (format!("{x:.2}×"), x >= 2.0)),
+    );
+    let rss = |r: &Row| r.measured.peak_rss_kib.map(|kib| kib as f64);
+    judge(
+        "… at ≤ 1/20 of Debezium's memory (peak RSS)",
+        relay
+            .and_then(rss)
+            .zip(row("debezium").and_then(rss))
+            .map(|(ours, theirs)| {
+                (
+                    format!(
+                        "1/{:.0} ({:.0} MiB against {:.0} MiB)",
+                        theirs / ours,
+                        ours / 1024.0,
+                        theirs / 1024.0
+                    ),
+                    ours * 20.0 <= theirs,
+                )
+            }),
+    );
+    judge(
+        "relay → Kafka ≥ 10× the 1-worker polling relay",
+        relay
+            .and_then(|r| r.ratio_to_polling_1)
+            .map(|x| (format!("{x:.1}×"), x >= 10.0)),
+    );
+    let p99 = |contender: &str| at_reference_rate(latency, contender).and_then(|run| run.p99_ms);
+    judge(
+        "the relay adds ≤ 1 ms p99 over the plain producer at 5k events/s",
+        p99("relay").zip(p99("producer")).map(|(relay, floor)| {
+            (
+                format!(
+                    "+{:.1} ms ({relay:.1} ms against {floor:.1} ms)",
+                    relay - floor
+                ),
+                relay - floor <= 1.0,
+            )
+        }),
+    );
+    judge(
+        "peak RSS ≤ 64 MB in the 1,000,000-row transaction",
+        row("relay-large")
+            .filter(|r| r.measured.events >= 1_000_000)
+            .and_then(rss)
+            .map(|kib| {
+                (
+                    format!("{:.1} MB", kib * 1024.0 / 1e6),
+                    kib * 1024.0 <= 64e6,
+                )
+            }),
+    );
+    judge(
+        "relay CPU ≤ 5 s per million events",
+        relay.map(|r| {
+            (
+                format!("{:.2} s", r.process_cpu_s_per_million),
+                r.process_cpu_s_per_million <= 5.0,
+            )
+        }),
+    );
+    targets
 }
 
 fn ratio(value: Option<f64>) -> String {
@@ -173,20 +295,25 @@ pub fn markdown(report: &Report) -> String {
         load.wal_bytes as f64 / load.events.max(1) as f64,
     );
     out.push_str(
-        "| contender | events | time | events/s | × ceiling | × polling (1 worker) | peak RSS | CPU s / 1M events | PostgreSQL CPU µs / event | WAL bytes / event | dead tuples |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| contender | events | time | events/s | × ceiling | × polling (1 worker) | × Debezium | p50 / p99 at 5k/s | peak RSS | CPU s / 1M events | PostgreSQL CPU µs / event | WAL bytes / event | dead tuples |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in &report.contenders {
         let r = &row.measured;
         let _ = writeln!(
             out,
-            "| {} | {} | {:.2} s | **{:.0}** | {} | {} | {} | {:.2} | {:.1} | {:.1} | {} |",
+            "| {} | {} | {:.2} s | **{:.0}** | {} | {} | {} | {} | {} | {:.2} | {:.1} | {:.1} | {} |",
             r.name,
             r.events,
             r.seconds,
             row.events_per_second,
             ratio(row.ratio_to_ceiling),
             ratio(row.ratio_to_polling_1),
+            ratio(row.ratio_to_debezium),
+            match (row.p50_ms, row.p99_ms) {
+                (Some(p50), Some(p99)) => format!("{p50:.1} / {p99:.1} ms"),
+                _ => "–".to_owned(),
+            },
             r.peak_rss_kib.map_or_else(
                 || "–".to_owned(),
                 |kib| format!("{:.1} MiB", kib as f64 / 1024.0)
@@ -198,12 +325,43 @@ pub fn markdown(report: &Report) -> String {
                 .map_or_else(|| "–".to_owned(), |d| d.to_string()),
         );
     }
-    for missing in &report.not_measured {
-        let _ = writeln!(
-            out,
-            "| {} | {} | | | | | | | | | |",
-            missing.name, missing.reason
+    if !report.latency.is_empty() {
+        out.push_str(
+            "\nLatency, commit → record read by a consumer (writers at fixed rates):\n\n\
+             | contender | rate asked | written/s | written | received | p50 | p99 | max |\n\
+             |---|---|---|---|---|---|---|---|\n",
         );
+        let ms = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.1} ms"));
+        for run in &report.latency {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {} | {} | {} | {} | {} |",
+                run.name,
+                run.rate,
+                run.written_per_second,
+                run.written,
+                run.received,
+                ms(run.p50_ms),
+                ms(run.p99_ms),
+                ms(run.max_ms),
+            );
+        }
+    }
+    if !report.targets.is_empty() {
+        out.push_str("\nTargets (issue 11, this run):\n\n| target | measured | |\n|---|---|---|\n");
+        for target in &report.targets {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} |",
+                target.target,
+                target.measured,
+                match target.met {
+                    Some(true) => "met",
+                    Some(false) => "**missed**",
+                    None => "–",
+                }
+            );
+        }
     }
     let mut notes: Vec<String> = report.notes.clone();
     for row in &report.contenders {
@@ -226,4 +384,50 @@ pub fn markdown(report: &Report) -> String {
         }
     }
     out
+}
+
+/// The chart's title: what ran where.
+pub fn title(report: &Report) -> String {
+    format!(
+        "outbox-relay side by side{}: {} events; relay {}; PostgreSQL {}; {} CPUs ({})",
+        if report.smoke { " (SMOKE)" } else { "" },
+        report.load.events,
+        report.machine.relay_commit,
+        report.machine.postgres_version,
+        report.machine.cpus,
+        report.machine.cpu_model,
+    )
+}
+
+/// The throughput bars: every contender that read the shared load.
+pub fn chart_throughput(report: &Report) -> Vec<outbox_relay_harness::chart::Throughput> {
+    report
+        .contenders
+        .iter()
+        .filter(|row| row.measured.id != "relay-large")
+        .map(|row| outbox_relay_harness::chart::Throughput {
+            name: row.measured.name.clone(),
+            events_per_second: row.events_per_second,
+        })
+        .collect()
+}
+
+pub fn chart_latency(report: &Report) -> Vec<outbox_relay_harness::chart::Latency> {
+    report
+        .latency
+        .iter()
+        .map(|run| outbox_relay_harness::chart::Latency {
+            // Short labels: five groups share the panel's width.
+            contender: match run.contender.as_str() {
+                "producer" => "plain producer".to_owned(),
+                "debezium" => "Debezium".to_owned(),
+                "polling-100ms" => "polling 100 ms".to_owned(),
+                "polling-1s" => "polling 1 s".to_owned(),
+                other => other.to_owned(),
+            },
+            rate: run.rate,
+            p50_ms: run.p50_ms,
+            p99_ms: run.p99_ms,
+        })
+        .collect()
 }

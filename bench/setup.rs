@@ -207,18 +207,34 @@ pub fn topic(kind: &str) -> String {
 /// Records in the benchmark's topics (sum of high watermarks), to check that a
 /// contender delivered every event.
 pub fn records_in_topics(bootstrap: &str) -> Result<i64, String> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .map_err(|err| format!("creating a consumer: {err}"))?;
-    let mut total = 0;
-    for kind in AGGREGATE_TYPES {
-        for partition in 0..PARTITIONS {
-            let (_, high) = consumer
-                .fetch_watermarks(&topic(kind), partition, Duration::from_secs(10))
-                .map_err(|err| format!("watermarks of {}/{partition}: {err}", topic(kind)))?;
-            total += high;
-        }
+    TopicCounter::new(bootstrap)?.total()
+}
+
+/// One consumer kept for repeated counts of the records in the benchmark's topics (a
+/// contender timed until its records are all in Kafka).
+pub struct TopicCounter(BaseConsumer);
+
+impl TopicCounter {
+    pub fn new(bootstrap: &str) -> Result<Self, String> {
+        ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create()
+            .map(TopicCounter)
+            .map_err(|err| format!("creating a consumer: {err}"))
     }
-    Ok(total)
+
+    /// The sum of the high watermarks of every partition.
+    pub fn total(&self) -> Result<i64, String> {
+        let mut total = 0;
+        for kind in AGGREGATE_TYPES {
+            for partition in 0..PARTITIONS {
+                let (_, high) = self
+                    .0
+                    .fetch_watermarks(&topic(kind), partition, Duration::from_secs(10))
+                    .map_err(|err| format!("watermarks of {}/{partition}: {err}", topic(kind)))?;
+                total += high;
+            }
+        }
+        Ok(total)
+    }
 }

@@ -78,6 +78,13 @@ echo "dev-deps: Apache Kafka $(kafka_version) jars present ($(kafka_libs_dir))" 
 # runner). Fetched always, as Kafka's jars are: about 65 MB and 7 s on a fresh machine
 # (Maven's plugins included), seconds when ~/.m2 already has Kafka's.
 ensure_debezium_libs
+
+# A font for the benchmark's chart (harness/src/chart.rs reads DejaVu Sans at run time;
+# plotters is built without fontconfig). OUTBOX_RELAY_BENCH_FONT names another TTF.
+if [ -z "${OUTBOX_RELAY_BENCH_FONT:-}" ] && [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+    echo "dev-deps: installing a font for the benchmark's chart (Debian package fonts-dejavu-core)" >&2
+    apt_install fonts-dejavu-core
+fi
 echo "dev-deps: Kafka Connect and Debezium $(debezium_version) jars present ($(debezium_libs_dir))" >&2
 
 # cargo-fuzz for fuzz/ (.ci/fuzz builds every target and runs each briefly). A crate,

@@ -12,6 +12,7 @@
 //! TestPki        a CA, server and client certificates as PEM files (rcgen)
 //! wait_until     poll a condition every 50 ms until a deadline
 //! procstat       CPU time and peak memory of processes, from /proc (the benchmark)
+//! stats          percentiles (the benchmark's latency)
 //! ```
 //!
 //! A crate of its own, shared by the integration tests (`use outbox_relay_harness as
@@ -19,6 +20,7 @@
 //! PostgreSQL and Kafka are bootstrapped in one place.
 
 pub mod chaos;
+pub mod chart;
 pub mod debezium;
 pub mod kafka;
 pub mod memory_sink;
@@ -28,6 +30,7 @@ pub mod process;
 pub mod procstat;
 pub mod proxy;
 pub mod relay;
+pub mod stats;
 pub mod tls;
 pub mod wait;
 
