@@ -65,7 +65,7 @@ pub struct OutboxEvent {
     /// `id` first, then the `header` placements in configuration order.
     pub headers: Vec<Header>,
     /// The payload as stored; `None` for SQL NULL. Sinks write [`OutboxEvent::value`].
-    pub payload: Option<Vec<u8>>,
+    pub payload: Option<bytes::Bytes>,
     pub payload_format: PayloadFormat,
     /// The `envelope` placements; when not empty the value is an envelope object.
     pub envelope: Vec<EnvelopeField>,
@@ -95,7 +95,7 @@ impl OutboxEvent {
             return self.payload.as_deref().map(Cow::Borrowed);
         }
         let mut out = Vec::with_capacity(
-            32 + self.payload.as_ref().map_or(4, Vec::len)
+            32 + self.payload.as_ref().map_or(4, |payload| payload.len())
                 + self
                     .envelope
                     .iter()

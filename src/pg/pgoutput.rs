@@ -1,7 +1,8 @@
 //! Pure decoder for the `pgoutput` logical replication protocol, versions 1 to 4.
 //!
-//! Input is the payload of one XLogData message (`&[u8]`); output is a typed
-//! [`PgOutputMessage`]. No I/O, no panics on any input: every length read off the wire
+//! Input is the payload of one XLogData message (`&Bytes`); output is a typed
+//! [`PgOutputMessage`]. Column values are `Bytes` slices of that payload (a reference
+//! count, not a copy per column: the relay's hottest allocation before). No I/O, no panics on any input: every length read off the wire
 //! is untrusted and bounds-checked.
 //!
 //! ```text
@@ -27,6 +28,8 @@
 //!   here for the fuzzers and for a future streaming mode, and the transaction assembler
 //!   refuses them (`relay::txn`, `AssemblyError::Unexpected`).
 //! - The bounds-checked cursor lives in [`crate::pg::pgoutput_reader`].
+
+use bytes::Bytes;
 
 use crate::pg::pgoutput_reader::Reader;
 use crate::Lsn;
@@ -63,9 +66,9 @@ pub enum ColumnValue {
     /// `u`: unchanged TOASTed value; the value itself is not sent.
     UnchangedToast,
     /// `t`: text format.
-    Text(Vec<u8>),
+    Text(Bytes),
     /// `b`: binary format.
-    Binary(Vec<u8>),
+    Binary(Bytes),
 }
 
 /// Tuple data: one value per column of the relation, in relation column order.
@@ -264,7 +267,7 @@ impl Decoder {
     }
 
     /// Decode one message and update the stream state from it.
-    pub fn decode(&mut self, buf: &[u8]) -> Result<PgOutputMessage, DecodeError> {
+    pub fn decode(&mut self, buf: &Bytes) -> Result<PgOutputMessage, DecodeError> {
         let message = decode(buf, self.stream)?;
         self.stream = match (&message, self.stream) {
             (PgOutputMessage::StreamStart { .. }, StreamState::Outside) => {
@@ -293,11 +296,13 @@ fn out_of_order(message: &'static str) -> DecodeError {
 /// [`Decoder`] for a wrapper that tracks it). The whole of `buf` must be one message:
 /// missing bytes give [`DecodeError::Truncated`], bytes left over give
 /// [`DecodeError::Invalid`].
-pub fn decode(buf: &[u8], stream: StreamState) -> Result<PgOutputMessage, DecodeError> {
+pub fn decode(bytes: &Bytes, stream: StreamState) -> Result<PgOutputMessage, DecodeError> {
+    let buf: &[u8] = bytes;
     let (&tag, _) = buf.split_first().ok_or(DecodeError::Empty)?;
     let name = tag_name(tag).ok_or(DecodeError::UnknownTag { tag })?;
     let mut r = Reader {
         buf,
+        bytes,
         pos: 1,
         message: name,
     };

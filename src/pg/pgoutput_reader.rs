@@ -2,6 +2,8 @@
 //! off the wire is untrusted, so each read is bounds-checked and says what was expected
 //! and where (offsets count from the message's tag byte).
 
+use bytes::Bytes;
+
 use crate::pg::pgoutput::{ColumnValue, DecodeError, PgTimestamp, StreamState, TupleData};
 use crate::pg::Lsn;
 
@@ -9,6 +11,8 @@ use crate::pg::Lsn;
 /// error offsets point at the byte a reader of a hex dump would look at.
 pub(crate) struct Reader<'a> {
     pub(crate) buf: &'a [u8],
+    /// The same bytes, for column values sliced out without a copy.
+    pub(crate) bytes: &'a Bytes,
     pub(crate) pos: usize,
     pub(crate) message: &'static str,
 }
@@ -149,9 +153,11 @@ impl<'a> Reader<'a> {
         Ok(TupleData { columns })
     }
 
-    pub(crate) fn column_bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
+    pub(crate) fn column_bytes(&mut self) -> Result<Bytes, DecodeError> {
         let len = self.count_i32("column length")?;
-        Ok(self.take(len)?.to_vec())
+        let start = self.pos;
+        self.take(len)?;
+        Ok(self.bytes.slice(start..start + len))
     }
 
     /// The message must end exactly here.

@@ -3,6 +3,7 @@
 //! cannot send, malformed input, and property tests.
 
 use super::*;
+use bytes::Bytes;
 use proptest::prelude::*;
 use std::collections::{BTreeSet, HashMap};
 
@@ -16,6 +17,11 @@ const ALL_FIXTURES: [(&str, &str); 4] = [
     ("v2_stream", V2_STREAM),
     ("v3_two_phase", V3_TWO_PHASE),
 ];
+
+/// The decoder on a copy of `buf`: the tests build their messages as `Vec<u8>`.
+fn decode(buf: &[u8], state: StreamState) -> Result<PgOutputMessage, DecodeError> {
+    super::decode(&Bytes::copy_from_slice(buf), state)
+}
 
 const INT4_OID: u32 = 23;
 const INT8_OID: u32 = 20;
@@ -75,7 +81,7 @@ fn decode_fixture(text: &str) -> Vec<(Captured, StreamState, PgOutputMessage)> {
         .map(|captured| {
             let state = decoder.stream_state();
             let message = decoder
-                .decode(&captured.bytes)
+                .decode(&Bytes::from(captured.bytes.clone()))
                 .unwrap_or_else(|err| panic!("line {}: {err}", captured.line));
             (captured, state, message)
         })
@@ -90,11 +96,11 @@ fn messages(text: &str) -> Vec<PgOutputMessage> {
 }
 
 fn text(value: &str) -> ColumnValue {
-    ColumnValue::Text(value.as_bytes().to_vec())
+    ColumnValue::Text(Bytes::copy_from_slice(value.as_bytes()))
 }
 
 fn binary(value: &[u8]) -> ColumnValue {
-    ColumnValue::Binary(value.to_vec())
+    ColumnValue::Binary(Bytes::copy_from_slice(value))
 }
 
 fn tuple(columns: Vec<ColumnValue>) -> TupleData {
@@ -970,12 +976,12 @@ fn decoder_rejects_unbalanced_stream_markers() {
     let stop = [b'E'];
     let start = Wire::tag(b'S').u32(5).u8(1).0;
     assert!(matches!(
-        decoder.decode(&stop),
+        decoder.decode(&Bytes::copy_from_slice(&stop)),
         Err(DecodeError::Invalid { .. })
     ));
     assert_eq!(decoder.stream_state(), StreamState::Outside);
     assert_eq!(
-        decoder.decode(&start),
+        decoder.decode(&Bytes::copy_from_slice(&start)),
         Ok(PgOutputMessage::StreamStart {
             xid: 5,
             first_segment: true
@@ -983,11 +989,14 @@ fn decoder_rejects_unbalanced_stream_markers() {
     );
     assert_eq!(decoder.stream_state(), StreamState::InsideStream);
     assert!(matches!(
-        decoder.decode(&start),
+        decoder.decode(&Bytes::copy_from_slice(&start)),
         Err(DecodeError::Invalid { .. })
     ));
     assert_eq!(decoder.stream_state(), StreamState::InsideStream);
-    assert_eq!(decoder.decode(&stop), Ok(PgOutputMessage::StreamStop));
+    assert_eq!(
+        decoder.decode(&Bytes::copy_from_slice(&stop)),
+        Ok(PgOutputMessage::StreamStop)
+    );
     assert_eq!(decoder.stream_state(), StreamState::Outside);
 }
 
@@ -1219,8 +1228,8 @@ fn column_value() -> impl Strategy<Value = ColumnValue> {
     prop_oneof![
         Just(ColumnValue::Null),
         Just(ColumnValue::UnchangedToast),
-        proptest::collection::vec(any::<u8>(), 0..16).prop_map(ColumnValue::Text),
-        proptest::collection::vec(any::<u8>(), 0..16).prop_map(ColumnValue::Binary),
+        proptest::collection::vec(any::<u8>(), 0..16).prop_map(|v| ColumnValue::Text(v.into())),
+        proptest::collection::vec(any::<u8>(), 0..16).prop_map(|v| ColumnValue::Binary(v.into())),
     ]
 }
 

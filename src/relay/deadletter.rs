@@ -70,7 +70,7 @@ impl DeadLetter {
             topic: topic.to_owned(),
             key: self.key,
             headers,
-            payload: self.value,
+            payload: self.value.map(bytes::Bytes::from),
             payload_format,
             envelope: Vec::new(),
             partition: None,

@@ -190,7 +190,9 @@ pub async fn backfill(
                 columns: row
                     .iter()
                     .map(|value| match value {
-                        Some(text) => ColumnValue::Text(text.as_bytes().to_vec()),
+                        Some(text) => {
+                            ColumnValue::Text(bytes::Bytes::copy_from_slice(text.as_bytes()))
+                        }
                         None => ColumnValue::Null,
                     })
                     .collect(),

@@ -297,11 +297,14 @@ impl Router {
         let payload = match raw(row, payload_index, &self.payload_column)? {
             None => None,
             Some(bytes) if payload_format == PayloadFormat::Binary => Some(
-                pgtext::decode_bytea(bytes).ok_or_else(|| RouteError::BadBytea {
-                    column: self.payload_column.clone(),
-                })?,
+                pgtext::decode_bytea(bytes)
+                    .ok_or_else(|| RouteError::BadBytea {
+                        column: self.payload_column.clone(),
+                    })?
+                    .into(),
             ),
-            Some(bytes) => Some(bytes.to_vec()),
+            // A slice of the received message: no copy.
+            Some(bytes) => Some(bytes.clone()),
         };
         let timestamp_ms = match (&columns.timestamp, &self.timestamp_column) {
             (Some(resolved), Some(column)) => self
@@ -405,7 +408,11 @@ fn partition_number(field: &AdditionalField, value: Option<String>) -> Result<i3
     }
 }
 
-fn raw<'a>(row: &'a TupleData, index: usize, column: &str) -> Result<Option<&'a [u8]>, RouteError> {
+fn raw<'a>(
+    row: &'a TupleData,
+    index: usize,
+    column: &str,
+) -> Result<Option<&'a bytes::Bytes>, RouteError> {
     match row.columns.get(index) {
         Some(ColumnValue::Text(bytes)) | Some(ColumnValue::Binary(bytes)) => Ok(Some(bytes)),
         Some(ColumnValue::Null) | None => Ok(None),

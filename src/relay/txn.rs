@@ -323,7 +323,7 @@ mod tests {
             new_tuple: TupleData {
                 columns: values
                     .iter()
-                    .map(|v| ColumnValue::Text(v.as_bytes().to_vec()))
+                    .map(|v| ColumnValue::Text(bytes::Bytes::copy_from_slice(v.as_bytes())))
                     .collect(),
             },
         }

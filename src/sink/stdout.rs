@@ -190,7 +190,7 @@ mod tests {
                 name: "id".into(),
                 value: Some("k\"1".into()),
             }],
-            payload: payload.map(|p| p.as_bytes().to_vec()),
+            payload: payload.map(|p| bytes::Bytes::copy_from_slice(p.as_bytes())),
             payload_format: format,
             envelope: Vec::new(),
             tombstone: payload.is_none(),

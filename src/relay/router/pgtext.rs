@@ -450,11 +450,11 @@ mod tests {
     fn rows_as_json_objects() {
         let row = TupleData {
             columns: vec![
-                ColumnValue::Text(b"e-1".to_vec()),
+                ColumnValue::Text(bytes::Bytes::from_static(b"e-1")),
                 ColumnValue::Null,
                 ColumnValue::UnchangedToast,
-                ColumnValue::Text(vec![b'a', 0xff, b'"']),
-                ColumnValue::Text(b"extra".to_vec()),
+                ColumnValue::Text(bytes::Bytes::from_static(&[b'a', 0xff, b'"'])),
+                ColumnValue::Text(bytes::Bytes::from_static(b"extra")),
             ],
         };
         let json = row_as_json(&["id", "payload", "big", "bad"], &row);

@@ -119,6 +119,10 @@ pub struct TopicRule {
     /// `topic_regex` anchored at both ends, as `Matcher.matches()` requires.
     anchored: Regex,
     template: Vec<TemplatePart>,
+    /// The regex is one group around `.*` (the default, `(?<routedByValue>.*)`): it
+    /// matches every value without a line break, and groups 0 and 1 are the whole value,
+    /// so the topic needs no regex search (a tenth of the relay's CPU per event before).
+    whole_value: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,8 +153,17 @@ impl TopicRule {
                 return None;
             }
         };
+        // Only the exact spelling: any other pattern, however equivalent, is searched.
+        let whole_value = matches!(
+            topic_regex,
+            "(.*)" | "(?<routedByValue>.*)" | "(?P<routedByValue>.*)"
+        );
         match parse_template(topic, &standalone) {
-            Ok(template) => Some(TopicRule { anchored, template }),
+            Ok(template) => Some(TopicRule {
+                anchored,
+                template,
+                whole_value,
+            }),
             Err(problem) => {
                 problems.push(format!("outbox.topic: {problem}"));
                 None
@@ -185,6 +198,20 @@ impl TopicRule {
 
     /// The topic for one route-by value.
     pub fn topic(&self, routed_by: &str) -> String {
+        // `.` matches anything but a line feed: a value with one falls through to the
+        // search, which does not match it.
+        if self.whole_value && !routed_by.contains('\n') {
+            let mut topic = String::with_capacity(64);
+            for part in &self.template {
+                match part {
+                    TemplatePart::Literal(text) => topic.push_str(text),
+                    TemplatePart::Group(0 | 1) => topic.push_str(routed_by),
+                    // Parsing refused groups the regex does not have.
+                    TemplatePart::Group(_) => {}
+                }
+            }
+            return topic;
+        }
         let Some(captures) = self.anchored.captures(routed_by) else {
             return routed_by.to_owned();
         };

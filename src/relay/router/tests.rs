@@ -42,7 +42,7 @@ fn row(values: &[Option<&str>]) -> TupleData {
         columns: values
             .iter()
             .map(|v| match v {
-                Some(text) => ColumnValue::Text(text.as_bytes().to_vec()),
+                Some(text) => ColumnValue::Text(bytes::Bytes::copy_from_slice(text.as_bytes())),
                 None => ColumnValue::Null,
             })
             .collect(),
@@ -426,7 +426,7 @@ fn partition_placement_takes_a_non_negative_integer() {
     let with_shard = |value: Option<&str>| {
         let mut row = wide_row(Some("{}"));
         row.columns[5] = match value {
-            Some(v) => ColumnValue::Text(v.as_bytes().to_vec()),
+            Some(v) => ColumnValue::Text(bytes::Bytes::copy_from_slice(v.as_bytes())),
             None => ColumnValue::Null,
         };
         route_wide(&config, &row)
@@ -588,7 +588,7 @@ fn timestamp_column_sets_the_record_timestamp() {
         CONTEXT.commit_ts_ms
     );
     let mut bad = wide_row(Some("{}"));
-    bad.columns[9] = ColumnValue::Text(b"infinity".to_vec());
+    bad.columns[9] = ColumnValue::Text(bytes::Bytes::from_static(b"infinity"));
     let err = route_wide(&config, &bad).unwrap_err();
     assert!(
         matches!(&err, RouteError::BadTimestamp { column, value, .. } if column == "created" && value == "infinity"),
@@ -703,4 +703,29 @@ fn every_row_error_names_its_column_and_setting() {
         assert!(message.contains("column \"c\""), "{message}");
         assert!(message.contains("outbox."), "{message}");
     }
+}
+
+#[test]
+fn the_default_topic_regex_gives_what_a_regex_search_gives() {
+    // `(?<routedByValue>.*)` takes a path without a regex search; `(?<routedByValue>.*?)`
+    // means the same anchored and is searched. Both must route every value alike,
+    // line feeds (no match: the value itself is the topic) and empty values included.
+    let topic = "pre.${routedByValue}.$1.post";
+    let fast = TopicRule::new(config::DEFAULT_TOPIC_REGEX, topic, &mut Vec::new())
+        .expect("the default regex compiles");
+    let searched = TopicRule::new("(?<routedByValue>.*?)", topic, &mut Vec::new())
+        .expect("the lazy regex compiles");
+    for value in [
+        "order",
+        "",
+        "a.b-c_d",
+        "grüße 注文",
+        "two\nlines",
+        "\n",
+        "x\r\ny",
+    ] {
+        assert_eq!(fast.topic(value), searched.topic(value), "value {value:?}");
+    }
+    assert_eq!(fast.topic("order"), "pre.order.order.post");
+    assert_eq!(fast.topic("two\nlines"), "two\nlines");
 }
