@@ -101,6 +101,9 @@ struct Options {
     /// Write the results as JSON to this file too.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Only draw chart.png (into --out-dir) from a results.json of an earlier run.
+    #[arg(long)]
+    redraw: Option<PathBuf>,
     /// Before each contender, wait until the machine's CPUs are at most this % busy ...
     #[arg(long, default_value_t = 20.0)]
     idle_max_busy: f64,
@@ -127,7 +130,11 @@ fn main() -> ExitCode {
         };
     }
     let options = Options::parse();
-    match run(&options) {
+    let outcome = match &options.redraw {
+        Some(results) => redraw(results, &options),
+        None => run(&options),
+    };
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("bench: error: {err}");
@@ -426,18 +433,46 @@ fn run(options: &Options) -> Result<(), String> {
         std::fs::write(&path, &json).map_err(|err| format!("writing {}: {err}", path.display()))?;
         log(&format!("wrote {}", path.display()));
     }
+    // Drawn from the JSON just written, the way --redraw draws it.
     let chart_path = out_dir.join("chart.png");
-    match outbox_relay_harness::chart::render_png(
-        &chart_path,
-        &report::title(&report),
-        &report::chart_throughput(&report),
-        &report::chart_latency(&report),
-    ) {
+    let drawn = serde_json::to_value(&report)
+        .ok()
+        .as_ref()
+        .and_then(report::chart_from_json)
+        .ok_or_else(|| "the results lack the chart's figures".to_owned())
+        .and_then(|(title, throughput, latency)| {
+            outbox_relay_harness::chart::render_png(&chart_path, &title, &throughput, &latency)
+        });
+    match drawn {
         Ok(()) => log(&format!("wrote {}", chart_path.display())),
         // The table and the JSON stand without it; say why it is missing.
         Err(err) => log(&format!("no chart: {err}")),
     }
     log(&format!("done in {:.1} s", started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// `--redraw`: chart.png from an earlier run's results.json.
+fn redraw(results: &std::path::Path, options: &Options) -> Result<(), String> {
+    let text = std::fs::read_to_string(results)
+        .map_err(|err| format!("reading {}: {err}", results.display()))?;
+    let report: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|err| format!("{} is not JSON: {err}", results.display()))?;
+    let (title, throughput, latency) = report::chart_from_json(&report).ok_or_else(|| {
+        format!(
+            "{} is not a results.json of this benchmark",
+            results.display()
+        )
+    })?;
+    let out_dir = options
+        .out_dir
+        .clone()
+        .unwrap_or_else(|| outbox_relay_harness::repo_root().join("target/side-by-side"));
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|err| format!("creating {}: {err}", out_dir.display()))?;
+    let path = out_dir.join("chart.png");
+    outbox_relay_harness::chart::render_png(&path, &title, &throughput, &latency)?;
+    log(&format!("wrote {}", path.display()));
     Ok(())
 }
 

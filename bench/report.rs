@@ -386,48 +386,62 @@ pub fn markdown(report: &Report) -> String {
     out
 }
 
-/// The chart's title: what ran where.
-pub fn title(report: &Report) -> String {
-    format!(
+/// Short labels: five groups share the latency panel's width.
+fn latency_label(contender: &str) -> String {
+    match contender {
+        "producer" => "plain producer",
+        "debezium" => "Debezium",
+        "polling-100ms" => "polling 100 ms",
+        "polling-1s" => "polling 1 s",
+        other => other,
+    }
+    .to_owned()
+}
+
+/// The chart's inputs from a results.json (`--redraw`); `None` when it lacks them.
+pub fn chart_from_json(
+    report: &serde_json::Value,
+) -> Option<(
+    String,
+    Vec<outbox_relay_harness::chart::Throughput>,
+    Vec<outbox_relay_harness::chart::Latency>,
+)> {
+    let machine = &report["machine"];
+    let title = format!(
         "outbox-relay side by side{}: {} events; relay {}; PostgreSQL {}; {} CPUs ({})",
-        if report.smoke { " (SMOKE)" } else { "" },
-        report.load.events,
-        report.machine.relay_commit,
-        report.machine.postgres_version,
-        report.machine.cpus,
-        report.machine.cpu_model,
-    )
-}
-
-/// The throughput bars: every contender that read the shared load.
-pub fn chart_throughput(report: &Report) -> Vec<outbox_relay_harness::chart::Throughput> {
-    report
-        .contenders
+        if report["smoke"].as_bool()? {
+            " (SMOKE)"
+        } else {
+            ""
+        },
+        report["load"]["events"].as_u64()?,
+        machine["relay_commit"].as_str()?,
+        machine["postgres_version"].as_str()?,
+        machine["cpus"].as_u64()?,
+        machine["cpu_model"].as_str()?,
+    );
+    let throughput = report["contenders"]
+        .as_array()?
         .iter()
-        .filter(|row| row.measured.id != "relay-large")
-        .map(|row| outbox_relay_harness::chart::Throughput {
-            name: row.measured.name.clone(),
-            events_per_second: row.events_per_second,
+        .filter(|row| row["id"] != "relay-large")
+        .map(|row| {
+            Some(outbox_relay_harness::chart::Throughput {
+                name: row["name"].as_str()?.to_owned(),
+                events_per_second: row["events_per_second"].as_f64()?,
+            })
         })
-        .collect()
-}
-
-pub fn chart_latency(report: &Report) -> Vec<outbox_relay_harness::chart::Latency> {
-    report
-        .latency
+        .collect::<Option<Vec<_>>>()?;
+    let latency = report["latency"]
+        .as_array()?
         .iter()
-        .map(|run| outbox_relay_harness::chart::Latency {
-            // Short labels: five groups share the panel's width.
-            contender: match run.contender.as_str() {
-                "producer" => "plain producer".to_owned(),
-                "debezium" => "Debezium".to_owned(),
-                "polling-100ms" => "polling 100 ms".to_owned(),
-                "polling-1s" => "polling 1 s".to_owned(),
-                other => other.to_owned(),
-            },
-            rate: run.rate,
-            p50_ms: run.p50_ms,
-            p99_ms: run.p99_ms,
+        .map(|run| {
+            Some(outbox_relay_harness::chart::Latency {
+                contender: latency_label(run["contender"].as_str()?),
+                rate: u32::try_from(run["rate"].as_u64()?).ok()?,
+                p50_ms: run["p50_ms"].as_f64(),
+                p99_ms: run["p99_ms"].as_f64(),
+            })
         })
-        .collect()
+        .collect::<Option<Vec<_>>>()?;
+    Some((title, throughput, latency))
 }

@@ -193,10 +193,11 @@ fn draw_latency(area: &Area, latency: &[Latency]) -> Result<(), String> {
         (smallest, largest) = (smallest.min(ms), largest.max(ms));
     }
     // whole decades, at least two, never below 0.1 ms (1 ms when there is no figure at
-    // all); half a decade on top keeps the highest figure clear of the legend
-    let floor = smallest.min(largest.max(1.0)).log10().floor();
+    // all); the smallest bar at least a third of a decade tall, and a third of a decade
+    // on top keeps the highest figure clear of the legend
+    let floor = (smallest.min(largest.max(1.0)).log10() - 0.3).floor();
     let low_exp = floor.clamp(-1.0, 298.0);
-    let high_exp = (largest.log10() + 0.5).ceil().clamp(low_exp + 2.0, 300.0);
+    let high_exp = (largest.log10() + 0.3).ceil().clamp(low_exp + 2.0, 300.0);
     let (low, high) = (10f64.powf(low_exp), 10f64.powf(high_exp));
     let mut chart = ChartBuilder::on(area)
         .caption(caption, (FONT, 19))
