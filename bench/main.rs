@@ -232,12 +232,7 @@ fn run(options: &Options) -> Result<(), String> {
              (or leave Debezium out: --only without debezium, --latency-contenders without it)",
         )?;
     }
-    let out_dir = options
-        .out_dir
-        .clone()
-        .unwrap_or_else(|| outbox_relay_harness::repo_root().join("target/side-by-side"));
-    std::fs::create_dir_all(&out_dir)
-        .map_err(|err| format!("creating {}: {err}", out_dir.display()))?;
+    let out_dir = out_dir(options)?;
     let needs_kafka = selected("kafka")
         || selected("debezium")
         || selected("polling")
@@ -452,6 +447,16 @@ fn run(options: &Options) -> Result<(), String> {
     Ok(())
 }
 
+/// `--out-dir`, created.
+fn out_dir(options: &Options) -> Result<PathBuf, String> {
+    let dir = options
+        .out_dir
+        .clone()
+        .unwrap_or_else(|| outbox_relay_harness::repo_root().join("target/side-by-side"));
+    std::fs::create_dir_all(&dir).map_err(|err| format!("creating {}: {err}", dir.display()))?;
+    Ok(dir)
+}
+
 /// `--redraw`: chart.png from an earlier run's results.json.
 fn redraw(results: &std::path::Path, options: &Options) -> Result<(), String> {
     let text = std::fs::read_to_string(results)
@@ -464,12 +469,7 @@ fn redraw(results: &std::path::Path, options: &Options) -> Result<(), String> {
             results.display()
         )
     })?;
-    let out_dir = options
-        .out_dir
-        .clone()
-        .unwrap_or_else(|| outbox_relay_harness::repo_root().join("target/side-by-side"));
-    std::fs::create_dir_all(&out_dir)
-        .map_err(|err| format!("creating {}: {err}", out_dir.display()))?;
+    let out_dir = out_dir(options)?;
     let path = out_dir.join("chart.png");
     outbox_relay_harness::chart::render_png(&path, &title, &throughput, &latency)?;
     log(&format!("wrote {}", path.display()));
