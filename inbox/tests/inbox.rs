@@ -64,14 +64,21 @@ async fn connect(url: &str) -> tokio_postgres::Client {
     client
 }
 
-#[test]
-fn each_event_applies_once_however_often_it_is_delivered() {
+/// A broker with the topic, a cluster with the outbox (database `app`) and the
+/// consumer's database `billing`, and the relay streaming from one to the other.
+fn relay_to_kafka() -> (KafkaBroker, support::PgCluster, support::RelayProcess) {
     let broker = KafkaBroker::start();
-    let bootstrap = broker.bootstrap();
-    create_topic(&bootstrap, TOPIC, 3);
+    create_topic(&broker.bootstrap(), TOPIC, 3);
     let pg = cluster_with_outbox(PgOptions::default());
     pg.batch_execute("CREATE DATABASE billing");
-    let _relay = start_streaming(&kafka_config(&pg, &bootstrap, "", None, &[]));
+    let relay = start_streaming(&kafka_config(&pg, &broker.bootstrap(), "", None, &[]));
+    (broker, pg, relay)
+}
+
+#[test]
+fn each_event_applies_once_however_often_it_is_delivered() {
+    let (broker, pg, _relay) = relay_to_kafka();
+    let bootstrap = broker.bootstrap();
 
     // The producing service: events crediting five accounts.
     let mut expected_ids = BTreeSet::new();
@@ -224,12 +231,8 @@ fn credit(pg: &support::PgCluster, n: usize) -> BTreeSet<String> {
 
 #[test]
 fn the_example_consumer_killed_and_replaying_applies_each_event_once() {
-    let broker = KafkaBroker::start();
+    let (broker, pg, _relay) = relay_to_kafka();
     let bootstrap = broker.bootstrap();
-    create_topic(&bootstrap, TOPIC, 3);
-    let pg = cluster_with_outbox(PgOptions::default());
-    pg.batch_execute("CREATE DATABASE billing");
-    let _relay = start_streaming(&kafka_config(&pg, &bootstrap, "", None, &[]));
 
     // First run: applies the first batch, then is killed without warning.
     let first_batch = credit(&pg, 40);
