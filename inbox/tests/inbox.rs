@@ -7,6 +7,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+mod common;
+
 use outbox_relay_harness as support;
 use outbox_relay_inbox::{event_id, Applied, Inbox};
 use support::kafka::{consume, create_topic, KafkaBroker, Record};
@@ -177,25 +179,8 @@ fn each_event_applies_once_however_often_it_is_delivered() {
     assert_eq!(balances, expected_balance, "each credit counted once");
 }
 
-/// The example consumer (`examples/inbox_consumer.rs`), built by `cargo test` beside the
-/// tests (`target/<profile>/examples/`).
-fn example_consumer() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("the test's path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir");
-    let path = dir.join("examples").join("inbox_consumer");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo test -p outbox-relay-inbox` (it builds the examples)",
-        path.display()
-    );
-    path
-}
-
 fn run_example(bootstrap: &str, pg: &support::PgCluster, group: &str) -> support::ChildProcess {
-    let mut command = std::process::Command::new(example_consumer());
+    let mut command = std::process::Command::new(common::example("inbox_consumer"));
     command
         .args(["--brokers", bootstrap, "--topic", TOPIC, "--group", group])
         .args(["--inbox-consumer", "billing", "--database-url"])
