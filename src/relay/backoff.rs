@@ -9,6 +9,11 @@ pub const INITIAL_DELAY: Duration = Duration::from_millis(250);
 /// fault is gone, and one relay retrying every few seconds costs the server nothing.
 pub const MAX_DELAY: Duration = Duration::from_secs(5);
 
+/// Longest wait of a standby relay between attempts at a busy slot: each attempt is a
+/// connection and a refused START_REPLICATION (a few milliseconds of the server's time),
+/// five to ten a second per standby.
+pub const SLOT_WAIT_MAX: Duration = Duration::from_millis(200);
+
 /// Delay sequence: doubles from [`INITIAL_DELAY`] up to [`MAX_DELAY`], each delay drawn
 /// uniformly from its upper half ("equal jitter") so restarting relays spread out.
 #[derive(Debug, Clone)]
@@ -38,10 +43,24 @@ impl Backoff {
         self.attempt = 0;
     }
 
+    /// The wait of a standby relay between attempts at a slot another process streams
+    /// from: short and not growing, so that it takes over within about
+    /// [`SLOT_WAIT_MAX`] of the slot's release (a `kill -9`ed relay's walsender ends at
+    /// once, when its socket closes). Drawn from [`SLOT_WAIT_MAX`]'s upper half, and the
+    /// growing sequence is left where it was.
+    pub fn slot_wait_delay(&mut self) -> Duration {
+        self.draw(SLOT_WAIT_MAX)
+    }
+
     pub fn next_delay(&mut self) -> Duration {
         let factor = 1u32.checked_shl(self.attempt.min(16)).unwrap_or(u32::MAX);
         let cap = INITIAL_DELAY.saturating_mul(factor).min(MAX_DELAY);
         self.attempt = self.attempt.saturating_add(1);
+        self.draw(cap)
+    }
+
+    /// A delay drawn uniformly from `[cap / 2, cap)`.
+    fn draw(&mut self, cap: Duration) -> Duration {
         // xorshift64: good enough to spread retries, no dependency needed.
         self.state ^= self.state << 13;
         self.state ^= self.state >> 7;
@@ -55,6 +74,25 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_standby_waits_briefly_and_leaves_the_growing_sequence_alone() {
+        let mut backoff = Backoff::new(7);
+        let first = backoff.next_delay();
+        for _ in 0..100 {
+            let wait = backoff.slot_wait_delay();
+            assert!(
+                wait >= SLOT_WAIT_MAX / 2 && wait < SLOT_WAIT_MAX,
+                "{wait:?}"
+            );
+        }
+        // The next growing delay is the second step's, not the hundred-and-second's.
+        let second = backoff.next_delay();
+        assert!(
+            second >= INITIAL_DELAY && second < INITIAL_DELAY * 2,
+            "{first:?} {second:?}"
+        );
+    }
 
     #[test]
     fn delays_grow_and_stay_capped_with_jitter() {

@@ -58,6 +58,7 @@ pub async fn run(
     };
     let mut backoff = Backoff::from_clock();
     let mut timeline = None;
+    let mut waiting_for_slot = false;
     loop {
         let started = Instant::now();
         let error = match run_attempt(&settings, stop.clone(), &mut timeline, &metrics).await {
@@ -65,17 +66,30 @@ pub async fn run(
             Err(error) if error.is_retryable() => error,
             Err(error) => return Err(error),
         };
-        Metrics::add(&metrics.restarts, 1);
+        let standby = error.slot_in_use();
+        if !standby {
+            // A standby's attempts at the busy slot are waiting, not restarts.
+            Metrics::add(&metrics.restarts, 1);
+        }
         if started.elapsed() > BACKOFF_RESET_AFTER {
             backoff.reset();
+            waiting_for_slot = false;
         }
-        let delay = backoff.next_delay();
-        let retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-        if error.slot_in_use() {
-            // A standby relay: another instance streams from the slot; take over when
-            // it goes away.
-            tracing::info!(error = %error, retry_in_ms, "replication slot is in use by another process; waiting");
+        let delay = if standby {
+            backoff.slot_wait_delay()
         } else {
+            backoff.next_delay()
+        };
+        let retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        if standby {
+            // A standby relay: another instance streams from the slot; take over as soon
+            // as it goes away. Said once per wait, not at every attempt.
+            if !waiting_for_slot {
+                tracing::info!(error = %error, "replication slot is in use by another process; waiting to take over");
+            }
+            waiting_for_slot = true;
+        } else {
+            waiting_for_slot = false;
             tracing::warn!(
                 error = %error,
                 retry_in_ms,
