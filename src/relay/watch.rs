@@ -128,7 +128,9 @@ impl OutboxWatch {
                             Ok((lsn, identity)) => {
                                 match PublicationChange::between(&baseline, &identity, partitioned) {
                                     None => WatchReport::Vouched(lsn),
-                                    Some(change) => WatchReport::Changed(change),
+                                    Some(change) => {
+                                        WatchReport::Changed(settled(&mut conn, &query, &baseline, partitioned, change).await)
+                                    }
                                 }
                             }
                             Err(report) => report,
@@ -237,4 +239,25 @@ async fn read(
         .map_err(WatchReport::Failed)?;
     let identity = PublicationIdentity::from_result(&identity).map_err(WatchReport::Invalid)?;
     Ok((lsn, identity))
+}
+
+/// A change seen once, read again to name it right: one reading can straddle a DDL
+/// commit (the publication's row read from the statement's snapshot, its tables through
+/// the catalog caches, which already see the drop), so `DROP PUBLICATION` could read as
+/// "the table left the publication" and get the wrong repair. The second reading starts
+/// after the first ended and sees the settled catalog; a change is a change either way
+/// (nothing past it is acknowledged), only its name and repair come from the later one.
+async fn settled(
+    conn: &mut PgConnection,
+    query: &str,
+    baseline: &PublicationIdentity,
+    partitioned: bool,
+    first: PublicationChange,
+) -> PublicationChange {
+    match read(conn, query).await {
+        Ok((_, identity)) => {
+            PublicationChange::between(baseline, &identity, partitioned).unwrap_or(first)
+        }
+        Err(_) => first,
+    }
 }
