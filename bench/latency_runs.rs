@@ -79,10 +79,10 @@ impl Bench<'_> {
                     "Debezium (Kafka Connect + Outbox Event Router)".to_owned()
                 }
                 "polling-100ms" | "polling-1s" => {
-                    let interval = if contender == "polling-100ms" {
-                        Duration::from_millis(100)
+                    let (interval, every) = if contender == "polling-100ms" {
+                        (Duration::from_millis(100), "100 ms")
                     } else {
-                        Duration::from_secs(1)
+                        (Duration::from_secs(1), "1 s")
                     };
                     table = format!("bench_latency_poll_{}", interval.as_millis());
                     // Published history, as an outbox holds until its cleanup, then
@@ -113,14 +113,7 @@ impl Bench<'_> {
                         interval,
                     )?;
                     running = Running::Polling(KillOnDrop(child));
-                    format!(
-                        "polling relay, 1 worker, polls every {}",
-                        if interval.as_secs() >= 1 {
-                            "1 s".to_owned()
-                        } else {
-                            format!("{} ms", interval.as_millis())
-                        }
-                    )
+                    format!("polling relay, 1 worker, polls every {every}")
                 }
                 other => return Err(format!("unknown latency contender {other:?}")),
             };
