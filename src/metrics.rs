@@ -18,6 +18,8 @@ pub const EVENTS_TOTAL: &str = "outbox_relay_events_total";
 pub const DEAD_LETTERED_TOTAL: &str = "outbox_relay_dead_lettered_total";
 pub const TRANSACTIONS_TOTAL: &str = "outbox_relay_transactions_total";
 pub const RESTARTS_TOTAL: &str = "outbox_relay_restarts_total";
+pub const KAFKA_TRANSACTIONS_TOTAL: &str = "outbox_relay_kafka_transactions_total";
+pub const SKIPPED_COMMITTED_TOTAL: &str = "outbox_relay_skipped_committed_total";
 pub const IN_FLIGHT: &str = "outbox_relay_in_flight_events";
 pub const FLUSH_LSN: &str = "outbox_relay_flush_lsn";
 pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
@@ -65,6 +67,10 @@ pub struct Metrics {
     pub dead_lettered: AtomicU64,
     pub transactions: AtomicU64,
     pub restarts: AtomicU64,
+    /// Kafka transactions committed (exactly-once).
+    pub kafka_transactions: AtomicU64,
+    /// Replayed events skipped because Kafka's checkpoint has them (exactly-once).
+    pub skipped_committed: AtomicU64,
     pub in_flight: AtomicU64,
     pub flush_lsn: AtomicU64,
     pub received_lsn: AtomicU64,
@@ -230,6 +236,18 @@ impl Metrics {
                 "counter",
                 "Pipeline restarts after retryable errors.",
                 get(&self.restarts),
+            ),
+            (
+                KAFKA_TRANSACTIONS_TOTAL,
+                "counter",
+                "Kafka transactions committed (exactly_once).",
+                get(&self.kafka_transactions),
+            ),
+            (
+                SKIPPED_COMMITTED_TOTAL,
+                "counter",
+                "Replayed events skipped because the exactly-once checkpoint shows them committed in Kafka.",
+                get(&self.skipped_committed),
             ),
             (
                 IN_FLIGHT,
@@ -402,11 +420,11 @@ mod tests {
             text.contains(&format!("{FLUSH_LSN} 4294967296\n")),
             "{text}"
         );
-        // 11 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
+        // 13 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
         // per-topic series before any delivery.
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
-            11 + 1 + 17
+            13 + 1 + 17
         );
     }
 
@@ -507,6 +525,8 @@ mod tests {
                 "outbox_relay_dead_lettered_total counter",
                 "outbox_relay_transactions_total counter",
                 "outbox_relay_restarts_total counter",
+                "outbox_relay_kafka_transactions_total counter",
+                "outbox_relay_skipped_committed_total counter",
                 "outbox_relay_in_flight_events gauge",
                 "outbox_relay_flush_lsn gauge",
                 "outbox_relay_received_lsn gauge",

@@ -52,8 +52,8 @@ use super::process::Watchdog;
 use client::metadata_client;
 pub use client::{
     add_partitions, consume, create_topic, delete_all_topics, list_topics, produce,
-    produce_records, read_all, try_produce_records, unique_group_id, Delivered, OutgoingRecord,
-    Record, PRODUCE_TIMEOUT,
+    produce_records, read_all, read_committed, try_produce_records, unique_group_id, Delivered,
+    OutgoingRecord, Record, PRODUCE_TIMEOUT,
 };
 use jvm::{java_command, log4j_config};
 pub use jvm::{kafka_libs_dir, kafka_version, KAFKA_LIBS_ENV, KAFKA_TEST_LOG_ENV};

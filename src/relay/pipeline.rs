@@ -42,6 +42,7 @@ use crate::relay::router::OutboxEvent;
 use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
 use crate::relay::watch::{OutboxWatch, WatchReport};
 use crate::relay::RelayError;
+use crate::sink::checkpoint::{skip_for, Checkpoint, Skip};
 use crate::sink::{RecordTag, SendError, Sink, SinkError, SinkNotice, TopicStatus, TxnSeq};
 
 /// `/healthz` fails when the loop has not turned for this many status intervals.
@@ -120,6 +121,11 @@ pub(super) struct Pipeline {
     pub(super) watch: OutboxWatch,
     /// For the repair advice when the watch sees a change.
     pub(super) table: crate::pg::sql::QualifiedName,
+    /// Exactly-once: the last checkpoint Kafka committed before this session; the
+    /// transactions it covers are skipped ([`skip_for`]).
+    pub(super) committed: Option<Checkpoint>,
+    /// Events of the open transaction still to skip (`u64::MAX`: all of them).
+    pub(super) skip_left: u64,
 }
 
 impl Pipeline {
@@ -281,9 +287,27 @@ impl Pipeline {
 
     fn on_step(&mut self, step: Step) -> Result<(), RelayError> {
         match step {
-            Step::Begin { seq, commit_ts_ms } => {
+            Step::Begin {
+                seq,
+                commit_ts_ms,
+                final_lsn,
+            } => {
                 self.tracker.begin(seq)?;
                 self.commit_times.begin(seq, commit_ts_ms);
+                let skip = skip_for(self.committed.as_ref(), final_lsn);
+                self.skip_left = skip.events();
+                let skipped = match skip {
+                    Skip::First(n) => n,
+                    Skip::All | Skip::Nothing => 0,
+                };
+                self.sink.transaction_begin(final_lsn, skipped);
+            }
+            Step::Event { .. } if self.skip_left > 0 => {
+                // Kafka committed it before this session (exactly-once checkpoint).
+                if self.skip_left != u64::MAX {
+                    self.skip_left -= 1;
+                }
+                Metrics::add(&self.metrics.skipped_committed, 1);
             }
             Step::Event { seq, event } => {
                 self.txn_had_events = true;
@@ -305,7 +329,8 @@ impl Pipeline {
                 }
                 self.progress.transactions += 1;
                 Metrics::add(&self.metrics.transactions, 1);
-                self.sink.flush()?;
+                self.skip_left = 0;
+                self.sink.transaction_end(end_lsn)?;
             }
             Step::Nothing => {}
         }
@@ -513,6 +538,13 @@ impl Pipeline {
                 failure.too_large,
                 Place::Back,
             )?,
+            SinkNotice::Retry { .. } | SinkNotice::ClientError
+                if self.sink.stop_reason().is_some() =>
+            {
+                let reason = self.sink.stop_reason().unwrap_or_default();
+                return Err(RelayError::Sink(SinkError::KafkaStop(reason)));
+            }
+            SinkNotice::Due => self.sink.flush()?,
             SinkNotice::Retry { reason } => {
                 let reason = self.sink.fatal_error().map_or(reason, |fatal| {
                     format!("the producer failed for good: {fatal}")

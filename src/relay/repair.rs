@@ -130,6 +130,9 @@ pub async fn backfill(
             max_in_flight: settings.relay.max_in_flight,
             keep_events: false,
             metrics: crate::metrics::Metrics::new(),
+            // Not transactional even with exactly_once: a backfill sends copies on
+            // purpose and must not fence the running relay's producer.
+            slot: None,
         },
     )?;
 
@@ -281,7 +284,7 @@ async fn settle(
             SinkNotice::Stop { reason } => {
                 return Err(RelayError::Sink(SinkError::KafkaStop(reason)))
             }
-            SinkNotice::ClientError | SinkNotice::Topic { .. } => {}
+            SinkNotice::ClientError | SinkNotice::Topic { .. } | SinkNotice::Due => {}
         }
     }
     Ok(())

@@ -27,7 +27,7 @@ use crate::relay::settings::Settings;
 use crate::relay::txn::TxnAssembler;
 use crate::relay::watch::{OutboxWatch, WatchTarget};
 use crate::relay::RelayError;
-use crate::sink::SinkOptions;
+use crate::sink::{Session, SinkOptions};
 
 /// Run the relay until `shutdown` resolves (graceful: `Ok`) or a definite error.
 /// Retryable errors restart the pipeline with capped, jittered backoff.
@@ -213,6 +213,7 @@ async fn run_attempt(
             max_in_flight: settings.relay.max_in_flight,
             keep_events: dead_letter_topic.is_some(),
             metrics: Arc::clone(metrics),
+            slot: Some(spec.slot.to_string()),
         },
     )?;
     if let Some(topic) = &dead_letter_topic {
@@ -246,6 +247,17 @@ async fn run_attempt(
     if let Err(error) = started {
         return Err(explain(error).await.into());
     }
+    // The slot is this relay's now: an exactly-once sink fences older producers of its
+    // transactional id (not before: a standby must not fence the active relay) and
+    // reads the last checkpoint Kafka committed.
+    let session = Session {
+        slot: spec.slot.to_string(),
+        system_id: prepared.system_id.clone(),
+    };
+    let Some(committed) = unless_stopped(&mut stop, sink.begin_session(&session)).await else {
+        return Ok(());
+    };
+    let committed = committed?;
 
     let interval = status_interval(
         Duration::from_millis(postgres.status_interval_ms),
@@ -314,6 +326,8 @@ async fn run_attempt(
         status_due: None,
         watch,
         table: spec.table.clone(),
+        committed,
+        skip_left: 0,
     };
     match pipeline.stream(interval, &mut stop).await {
         Ok(()) => {}

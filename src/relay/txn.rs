@@ -19,7 +19,13 @@ use crate::sink::TxnSeq;
 pub enum Step {
     /// A transaction began; register it with the ack tracker. `commit_ts_ms`: its
     /// commit time on PostgreSQL (protocol v1 sends a transaction after it committed).
-    Begin { seq: TxnSeq, commit_ts_ms: i64 },
+    /// `final_lsn`: the LSN of its commit record (where the exactly-once checkpoint
+    /// decides whether Kafka already has it).
+    Begin {
+        seq: TxnSeq,
+        commit_ts_ms: i64,
+        final_lsn: Lsn,
+    },
     /// An outbox row of transaction `seq`, routed (or why it could not be).
     Event {
         seq: TxnSeq,
@@ -155,7 +161,11 @@ impl TxnAssembler {
                     final_lsn,
                     commit_ts_ms,
                 });
-                Ok(Step::Begin { seq, commit_ts_ms })
+                Ok(Step::Begin {
+                    seq,
+                    commit_ts_ms,
+                    final_lsn,
+                })
             }
             PgOutputMessage::Commit { end_lsn, .. } => {
                 let open = self

@@ -17,6 +17,9 @@
 //! configuration stop the relay, and everything else rebuilds the producer and resends
 //! from the slot's acknowledged position.
 //!
+//! With `[kafka] exactly_once` the producer is transactional: records are reported
+//! delivered only when their Kafka transaction commits (see [`super::kafka_eos`]).
+//!
 //! Errors outside any record reach the client's error callback; librdkafka reconnects
 //! after them on its own, except that a refused login or TLS handshake would go on
 //! failing for ever: those stop the relay ([`kafka_errors::client_error_stop`]). Secret
@@ -31,18 +34,23 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::ClientContext;
 use tokio::task::JoinSet;
 
+use rdkafka::config::ClientConfig;
+
 use crate::event::OutboxEvent;
+use crate::lsn::Lsn;
 use crate::metrics::Metrics;
+use crate::sink::checkpoint::Checkpoint;
 use crate::sink::kafka_config::KafkaConfig;
-use crate::sink::kafka_config::{admin_config, producer_config};
+use crate::sink::kafka_config::{admin_config, producer_config, transactional_producer_config};
+use crate::sink::kafka_eos::{self, EosSettings, Transactions};
 use crate::sink::kafka_errors::{
     action, client_error_stop, is_size_error, redact, stop_hint, ErrorAction,
 };
 use crate::sink::kafka_topics::illegal_topic_name;
 use crate::sink::kafka_topics::TopicPreparer;
 use crate::sink::{
-    DeliveryFailure, NoticeSender, RecordTag, SendError, Sink, SinkError, SinkFuture, SinkNotice,
-    TopicStatus,
+    DeliveryFailure, NoticeSender, RecordTag, SendError, Session, Sink, SinkError, SinkFuture,
+    SinkNotice, TopicStatus,
 };
 
 /// librdkafka's default `message.max.bytes`.
@@ -50,7 +58,8 @@ const LIBRDKAFKA_MESSAGE_MAX_BYTES: u32 = 1_000_000;
 
 /// Per-message state carried through librdkafka to the delivery callback.
 struct InFlight {
-    tag: RecordTag,
+    /// `None` for an exactly-once checkpoint record.
+    tag: Option<RecordTag>,
     /// Kept only when a dead-letter topic can take the event if it is refused.
     event: Option<Box<OutboxEvent>>,
 }
@@ -64,6 +73,9 @@ struct RelayContext {
     metrics: Arc<Metrics>,
     /// The user's `[kafka.properties]`, to redact secret values from error texts.
     properties: BTreeMap<String, String>,
+    /// Exactly-once: a record is durable when its transaction commits, not at its
+    /// delivery report, and a failed one fails its whole transaction.
+    transactional: bool,
 }
 
 impl ClientContext for RelayContext {
@@ -89,12 +101,44 @@ impl ProducerContext for RelayContext {
 
     fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
         let InFlight { tag, event } = *in_flight;
-        let notice = match result {
-            Ok(message) => {
-                self.metrics.delivered_by_topic.add(message.topic(), 1);
-                SinkNotice::Delivered { tag }
+        let notice = match (result, tag) {
+            (Ok(message), tag) => {
+                if tag.is_some() {
+                    self.metrics.delivered_by_topic.add(message.topic(), 1);
+                }
+                match tag {
+                    Some(tag) if !self.transactional => SinkNotice::Delivered { tag },
+                    // Durable with its transaction's commit (kafka_eos::commit).
+                    _ => return,
+                }
             }
-            Err((error, message)) => {
+            (Err((error, message)), tag) if self.transactional || tag.is_none() => {
+                let code = error
+                    .rdkafka_error_code()
+                    .unwrap_or(RDKafkaErrorCode::Unknown);
+                let place = format!("{}/{}", message.topic(), message.partition());
+                match action(code) {
+                    ErrorAction::Stop => SinkNotice::Stop {
+                        reason: format!(
+                            "Kafka refused a record for {place}: {error}; {}",
+                            stop_hint(code)
+                        ),
+                    },
+                    ErrorAction::DeadLetter => SinkNotice::Stop {
+                        reason: format!(
+                            "{}; with exactly_once a record the broker refuses fails its whole Kafka transaction, so it cannot become a dead letter: fix the cause (for a size limit: keep message.max.bytes in [kafka.properties] at or below the topic's max.message.bytes, so the relay itself refuses an oversize event before sending and dead-letters it)",
+                            refusal_reason(code, &error.to_string(), &place, &self.max_message_bytes)
+                        ),
+                    },
+                    // The transaction cannot commit: the session starts again and the
+                    // checkpoint says what Kafka has.
+                    ErrorAction::Retry => SinkNotice::Retry {
+                        reason: format!("a record for {place} failed: {error}"),
+                    },
+                }
+            }
+            (Err((error, message)), tag) => {
+                let Some(tag) = tag else { return };
                 let code = error
                     .rdkafka_error_code()
                     .unwrap_or(RDKafkaErrorCode::Unknown);
@@ -154,7 +198,8 @@ enum TopicState {
 
 /// The sink.
 pub struct KafkaSink {
-    producer: ThreadedProducer<RelayContext>,
+    /// Shared with the commit tasks (exactly-once).
+    producer: Arc<ThreadedProducer<RelayContext>>,
     preparer: TopicPreparer,
     notices: NoticeSender,
     keep_events: bool,
@@ -163,6 +208,20 @@ pub struct KafkaSink {
     tasks: JoinSet<()>,
     /// The producer's `message.max.bytes`, for error messages.
     max_message_bytes: String,
+    /// Exactly-once: the transactional state, and what reading the checkpoint needs.
+    eos: Option<Transactions>,
+    checkpoint_reader: ClientConfig,
+    metrics: Arc<Metrics>,
+    /// Fires [`SinkNotice::Due`] when the open transaction is old enough.
+    due_timer: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for KafkaSink {
+    fn drop(&mut self) {
+        if let Some(timer) = self.due_timer.take() {
+            timer.abort();
+        }
+    }
 }
 
 impl KafkaSink {
@@ -174,21 +233,46 @@ impl KafkaSink {
         max_in_flight: usize,
         keep_events: bool,
         metrics: Arc<Metrics>,
+        slot: Option<&str>,
     ) -> Result<Self, SinkError> {
         let max_message_bytes = settings
             .properties
             .get("message.max.bytes")
             .cloned()
             .unwrap_or_else(|| LIBRDKAFKA_MESSAGE_MAX_BYTES.to_string());
-        let producer: ThreadedProducer<RelayContext> =
-            producer_config(&settings.brokers, &settings.properties, max_in_flight)
-                .create_with_context(RelayContext {
-                    notices: notices.clone(),
-                    max_message_bytes: max_message_bytes.clone(),
-                    metrics,
-                    properties: settings.properties.clone(),
-                })
-                .map_err(|e| SinkError::KafkaSetup(settings.client_error(&e)))?;
+        let eos = match slot {
+            Some(slot) if settings.exactly_once => Some(EosSettings {
+                transactional_id: settings
+                    .transactional_id
+                    .clone()
+                    .unwrap_or_else(|| kafka_eos::default_transactional_id(slot)),
+                offsets_topic: settings.offsets_topic.clone(),
+                transaction_ms: std::time::Duration::from_millis(settings.transaction_ms),
+                max_events: settings
+                    .transaction_max_events
+                    .unwrap_or_else(|| u64::try_from(max_in_flight / 2).unwrap_or(u64::MAX).max(1)),
+            }),
+            _ => None,
+        };
+        let config = match &eos {
+            Some(eos) => transactional_producer_config(
+                &settings.brokers,
+                &settings.properties,
+                max_in_flight,
+                &eos.transactional_id,
+            ),
+            None => producer_config(&settings.brokers, &settings.properties, max_in_flight),
+        };
+        let producer: ThreadedProducer<RelayContext> = config
+            .create_with_context(RelayContext {
+                notices: notices.clone(),
+                max_message_bytes: max_message_bytes.clone(),
+                metrics: Arc::clone(&metrics),
+                properties: settings.properties.clone(),
+                transactional: eos.is_some(),
+            })
+            .map_err(|e| SinkError::KafkaSetup(settings.client_error(&e)))?;
+        let producer = Arc::new(producer);
         let admin = admin_config(&settings.brokers, &settings.properties)
             .create()
             .map_err(|e| {
@@ -196,6 +280,10 @@ impl KafkaSink {
             })?;
         Ok(KafkaSink {
             producer,
+            eos: eos.map(Transactions::new),
+            checkpoint_reader: admin_config(&settings.brokers, &settings.properties),
+            metrics,
+            due_timer: None,
             preparer: TopicPreparer {
                 admin: Arc::new(admin),
                 create_topics: settings.create_topics,
@@ -273,6 +361,108 @@ impl KafkaSink {
         Ok(())
     }
 
+    /// Exactly-once: when the producer failed because a newer one fenced it, the
+    /// message to stop with.
+    fn fenced(&self) -> Option<String> {
+        let eos = self.eos.as_ref()?;
+        let (code, reason) = self.producer.client().fatal_error()?;
+        kafka_eos::is_fenced(code).then(|| {
+            kafka_eos::fenced_message(&eos.settings.transactional_id, &format!("{code}: {reason}"))
+        })
+    }
+
+    /// Exactly-once start: the offsets topic, `init_transactions` (fencing older
+    /// producers of the id, aborting their open transaction), then the last committed
+    /// checkpoint, trusted only for the same PostgreSQL system.
+    async fn start_transactions(
+        &mut self,
+        session: &Session,
+    ) -> Result<Option<Checkpoint>, SinkError> {
+        let Some(eos) = &self.eos else {
+            return Ok(None);
+        };
+        let topic = eos.settings.offsets_topic.clone();
+        let transactional_id = eos.settings.transactional_id.clone();
+        if let Some(reason) = illegal_topic_name(&topic) {
+            return Err(SinkError::KafkaStop(format!(
+                "kafka.offsets_topic {topic:?}: {reason}"
+            )));
+        }
+        self.preparer.prepare_compacted(&topic).await?;
+        let producer = Arc::clone(&self.producer);
+        let id = transactional_id.clone();
+        tokio::task::spawn_blocking(move || {
+            producer
+                .init_transactions(std::time::Duration::from_secs(30))
+                .map_err(|e| kafka_eos::classify(&id, "initialising Kafka transactions", &e))
+        })
+        .await
+        .map_err(|e| SinkError::KafkaRetry(format!("initialising Kafka transactions: {e}")))??;
+        let config = self.checkpoint_reader.clone();
+        let slot = session.slot.clone();
+        let reader_topic = topic.clone();
+        let checkpoint = tokio::task::spawn_blocking(move || {
+            kafka_eos::read_checkpoint(config, &reader_topic, &slot)
+        })
+        .await
+        .map_err(|e| SinkError::KafkaRetry(format!("reading the checkpoint: {e}")))??;
+        if let Some(checkpoint) = &checkpoint {
+            checkpoint
+                .check_system(&session.system_id, &topic)
+                .map_err(SinkError::KafkaStop)?;
+        }
+        tracing::info!(
+            transactional_id = %transactional_id,
+            offsets_topic = %topic,
+            checkpoint_end_lsn = %checkpoint.as_ref().map_or(Lsn::ZERO, |c| c.end_lsn),
+            checkpoint_partial_events = checkpoint.as_ref().and_then(|c| c.partial).map_or(0, |p| p.events),
+            "exactly-once: transactions initialised, skipping what the checkpoint covers"
+        );
+        if let Some(eos) = &mut self.eos {
+            eos.started(session.clone(), checkpoint.as_ref());
+        }
+        Ok(checkpoint)
+    }
+
+    /// Exactly-once: when the open transaction is due, send its checkpoint record and
+    /// commit it off the loop.
+    fn commit_if_due(&mut self) -> Result<(), SinkError> {
+        let Some(eos) = &mut self.eos else {
+            return Ok(());
+        };
+        let Some(commit) = eos.due() else {
+            return Ok(());
+        };
+        let topic = eos.settings.offsets_topic.clone();
+        let transactional_id = eos.settings.transactional_id.clone();
+        let record = BaseRecord::with_opaque_to(
+            &topic,
+            Box::new(InFlight {
+                tag: None,
+                event: None,
+            }),
+        )
+        .key(commit.checkpoint_key.as_bytes())
+        .payload(&commit.checkpoint);
+        if let Err((error, _)) = self.producer.send(record) {
+            return Err(kafka_eos::classify(
+                &transactional_id,
+                "sending the checkpoint record",
+                &error,
+            ));
+        }
+        if let Some(timer) = self.due_timer.take() {
+            timer.abort();
+        }
+        let producer = Arc::clone(&self.producer);
+        let notices = self.notices.clone();
+        let metrics = Arc::clone(&self.metrics);
+        tokio::task::spawn_blocking(move || {
+            kafka_eos::commit(&*producer, commit, &transactional_id, &notices, &metrics);
+        });
+        Ok(())
+    }
+
     /// The producer's fatal error, if it has one.
     fn producer_fatal_error(&self) -> Option<String> {
         self.producer
@@ -284,6 +474,31 @@ impl KafkaSink {
 
 impl Sink for KafkaSink {
     fn send(&mut self, event: OutboxEvent, tag: RecordTag) -> Result<(), SendError> {
+        if let Some(eos) = &mut self.eos {
+            if eos.committing() {
+                // Sent in the next transaction; the commit's reports resume the pump.
+                return Err(SendError::QueueFull(Box::new(event)));
+            }
+            if !eos.is_open() {
+                self.producer.begin_transaction().map_err(|e| {
+                    kafka_eos::classify(
+                        &eos.settings.transactional_id,
+                        "beginning a Kafka transaction",
+                        &e,
+                    )
+                })?;
+                eos.opened();
+                let notices = self.notices.clone();
+                let after = eos.settings.transaction_ms;
+                if let Some(timer) = self.due_timer.take() {
+                    timer.abort();
+                }
+                self.due_timer = Some(tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    let _ = notices.send(SinkNotice::Due);
+                }));
+            }
+        }
         let mut headers = OwnedHeaders::new_with_capacity(event.headers.len());
         for header in &event.headers {
             headers = headers.insert(KafkaHeader {
@@ -294,7 +509,7 @@ impl Sink for KafkaSink {
         // Borrowed when there is no envelope: librdkafka copies the bytes itself.
         let value = event.value();
         let in_flight = Box::new(InFlight {
-            tag,
+            tag: Some(tag),
             event: self.keep_events.then(|| Box::new(event.clone())),
         });
         let mut record = BaseRecord::with_opaque_to(&event.topic, in_flight)
@@ -313,6 +528,9 @@ impl Sink for KafkaSink {
         let outcome = self.producer.send(record).map_err(|(error, _)| error);
         drop(value);
         let Err(error) = outcome else {
+            if let Some(eos) = &mut self.eos {
+                eos.sent(tag);
+            }
             return Ok(());
         };
         let event = Box::new(event);
@@ -325,6 +543,9 @@ impl Sink for KafkaSink {
         };
         if code == RDKafkaErrorCode::QueueFull {
             return Err(SendError::QueueFull(event));
+        }
+        if let Some(reason) = self.fenced() {
+            return Err(SendError::Sink(SinkError::KafkaStop(reason)));
         }
         match action(code) {
             ErrorAction::Retry => {
@@ -360,7 +581,32 @@ impl Sink for KafkaSink {
 
     fn flush(&mut self) -> Result<(), SinkError> {
         // librdkafka sends on its own (linger.ms); reports come from its thread.
-        Ok(())
+        // Exactly-once: commit the open transaction when it is due.
+        self.commit_if_due()
+    }
+
+    fn begin_session<'a>(
+        &'a mut self,
+        session: &'a Session,
+    ) -> SinkFuture<'a, Result<Option<Checkpoint>, SinkError>> {
+        Box::pin(self.start_transactions(session))
+    }
+
+    fn transaction_begin(&mut self, commit_lsn: Lsn, skipped: u64) {
+        if let Some(eos) = &mut self.eos {
+            eos.transaction_begin(commit_lsn, skipped);
+        }
+    }
+
+    fn transaction_end(&mut self, end_lsn: Lsn) -> Result<(), SinkError> {
+        if let Some(eos) = &mut self.eos {
+            eos.transaction_end(end_lsn);
+        }
+        self.commit_if_due()
+    }
+
+    fn stop_reason(&self) -> Option<String> {
+        self.fenced()
     }
 
     fn topic_status(&mut self, topic: &str) -> TopicStatus {

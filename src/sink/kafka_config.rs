@@ -47,6 +47,40 @@ pub struct KafkaConfig {
     /// The properties whose value came from `property_files`: secrets, whatever their name.
     #[serde(skip)]
     from_files: BTreeSet<String>,
+    /// Exactly-once into Kafka: a transactional producer, each batch of PostgreSQL
+    /// transactions committed in one Kafka transaction with a checkpoint record (see
+    /// docs/exactly-once.md).
+    #[serde(default)]
+    pub exactly_once: bool,
+    /// The producer's `transactional.id`; default `outbox-relay-<slot>`.
+    #[serde(default)]
+    pub transactional_id: Option<String>,
+    /// The compacted topic the checkpoints go to (key: the slot name).
+    #[serde(default = "default_offsets_topic")]
+    pub offsets_topic: String,
+    /// A Kafka transaction is committed once it is this old (at the next end of a
+    /// PostgreSQL transaction), batching the PostgreSQL transactions of that time.
+    #[serde(default = "default_transaction_ms")]
+    pub transaction_ms: u64,
+    /// ... or once it holds this many records; default: half of `[relay]
+    /// max_in_flight`, so a commit is never stuck behind the in-flight bound. A
+    /// PostgreSQL transaction with more events is split over Kafka transactions (the
+    /// checkpoint counts its committed events).
+    #[serde(default)]
+    pub transaction_max_events: Option<u64>,
+}
+
+/// The offsets topic's default name.
+pub const DEFAULT_OFFSETS_TOPIC: &str = "outbox-relay-offsets";
+/// 100 ms: batches enough transactions to amortise a commit (a few round trips to the
+/// transaction coordinator), and keeps the delay a consumer sees small.
+pub const DEFAULT_TRANSACTION_MS: u64 = 100;
+
+fn default_offsets_topic() -> String {
+    DEFAULT_OFFSETS_TOPIC.into()
+}
+fn default_transaction_ms() -> u64 {
+    DEFAULT_TRANSACTION_MS
 }
 
 impl fmt::Debug for KafkaConfig {
@@ -66,6 +100,11 @@ impl fmt::Debug for KafkaConfig {
             .field("topic_replication_factor", &self.topic_replication_factor)
             .field("properties", &properties)
             .field("property_files", &self.property_files)
+            .field("exactly_once", &self.exactly_once)
+            .field("transactional_id", &self.transactional_id)
+            .field("offsets_topic", &self.offsets_topic)
+            .field("transaction_ms", &self.transaction_ms)
+            .field("transaction_max_events", &self.transaction_max_events)
             .finish()
     }
 }
@@ -87,6 +126,25 @@ impl KafkaConfig {
             );
         }
         problems.extend(check_properties(&self.properties));
+        if self.exactly_once {
+            problems.extend(check_exactly_once_properties(&self.properties));
+            if self.offsets_topic.trim().is_empty() {
+                problems.push("kafka.offsets_topic: must not be empty".into());
+            }
+            if self
+                .transactional_id
+                .as_deref()
+                .is_some_and(|id| id.trim().is_empty())
+            {
+                problems.push("kafka.transactional_id: must not be empty (leave it out for outbox-relay-<slot>)".into());
+            }
+            if self.transaction_ms == 0 {
+                problems.push("kafka.transaction_ms: must be at least 1".into());
+            }
+            if self.transaction_max_events == Some(0) {
+                problems.push("kafka.transaction_max_events: must be at least 1".into());
+            }
+        }
         for (key, value) in &self.properties {
             if let Err(error) = ClientConfig::new().set(key, value).create_native_config() {
                 problems.push(format!(
@@ -309,11 +367,52 @@ fn refusal(canonical: &str, value: &str) -> Option<String> {
             "must stay {UNLIMITED_RETRIES} (unlimited): with fewer retries librdkafka gives up on events the broker refuses for a while; remove the key"
         )),
         "transactional.id" => Some(
-            "the relay does not use Kafka transactions, and a transactional producer gives up on events after transaction.timeout.ms; remove the key".into(),
+            "Kafka transactions are the relay's own business: set [kafka] exactly_once = true (and [kafka] transactional_id to choose the id), which also writes the checkpoint that makes restarts skip what Kafka committed; a bare transactional.id would do neither; remove the key".into(),
+        ),
+        "isolation.level" => Some(
+            "the relay reads its exactly-once checkpoint read_committed, and its producer has no isolation level; it is the consumers' setting (isolation.level=read_committed in their configuration); remove the key".into(),
         ),
         _ => None,
     }
 }
+
+/// What `exactly_once = true` adds to the refusals: the relay sets these itself.
+fn check_exactly_once_properties(properties: &BTreeMap<String, String>) -> Vec<String> {
+    properties
+        .iter()
+        .filter(|(key, _)| canonical_property(key) == "message.timeout.ms")
+        .map(|(key, value)| {
+            format!(
+                "kafka.properties.\"{key}\": {} is refused with exactly_once: a transactional producer's message.timeout.ms must not exceed transaction.timeout.ms, and the relay sets it to that (a timed-out record aborts its Kafka transaction, which the relay then sends again from the checkpoint); remove the key",
+                shown_value(key, value)
+            )
+        })
+        .collect()
+}
+
+/// The transactional producer's configuration: [`producer_config`], with
+/// `transactional.id` and a `message.timeout.ms` equal to `transaction.timeout.ms`
+/// (librdkafka refuses a larger one, and infinity is larger).
+pub fn transactional_producer_config(
+    brokers: &str,
+    properties: &BTreeMap<String, String>,
+    queue_messages: usize,
+    transactional_id: &str,
+) -> ClientConfig {
+    let mut config = producer_config(brokers, properties, queue_messages);
+    let timeout = properties
+        .get("transaction.timeout.ms")
+        .cloned()
+        .unwrap_or_else(|| DEFAULT_TRANSACTION_TIMEOUT_MS.to_string());
+    config.set("transactional.id", transactional_id);
+    config.set("transaction.timeout.ms", &timeout);
+    config.set("message.timeout.ms", &timeout);
+    config
+}
+
+/// Kafka's default `transaction.timeout.ms`: an open transaction the coordinator
+/// hears nothing from for this long is aborted.
+const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
 
 /// A value as librdkafka reads it, for comparing two names of one property.
 fn same_value(canonical: &str, value: &str) -> String {
@@ -446,6 +545,11 @@ mod tests {
             properties: props(properties),
             property_files: BTreeMap::new(),
             from_files: BTreeSet::new(),
+            exactly_once: false,
+            transactional_id: None,
+            offsets_topic: DEFAULT_OFFSETS_TOPIC.into(),
+            transaction_ms: DEFAULT_TRANSACTION_MS,
+            transaction_max_events: None,
         }
     }
 
@@ -598,6 +702,8 @@ mod tests {
             ("retries", "3", "unlimited"),
             ("message.send.max.retries", "0", "unlimited"),
             ("transactional.id", "x", "transactions"),
+            ("isolation.level", "read_uncommitted", "read_committed"),
+            ("isolation.level", "read_committed", "consumers' setting"),
         ] {
             let problems = check_properties(&props(&[(key, value)]));
             assert_eq!(problems.len(), 1, "{key}: {problems:?}");
@@ -609,6 +715,26 @@ mod tests {
             assert!(problems[0].contains(needle), "says why: {}", problems[0]);
             assert!(problems[0].contains("remove the key"), "{}", problems[0]);
         }
+    }
+
+    #[test]
+    fn exactly_once_refuses_a_message_timeout_and_says_why() {
+        let mut settings = kafka(&[("delivery.timeout.ms", "0"), ("linger.ms", "5")]);
+        assert!(settings.problems().is_empty(), "{:?}", settings.problems());
+        settings.exactly_once = true;
+        let problems = settings.problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("\"delivery.timeout.ms\"")
+                && problems[0].contains("transaction.timeout.ms")
+                && problems[0].contains("remove the key"),
+            "{}",
+            problems[0]
+        );
+        let config = transactional_producer_config("b:9092", &props(&[]), 10, "outbox-relay-s");
+        assert_eq!(config.get("transactional.id"), Some("outbox-relay-s"));
+        assert_eq!(config.get("message.timeout.ms"), Some("60000"));
+        assert_eq!(config.get("enable.idempotence"), Some("true"));
     }
 
     #[test]

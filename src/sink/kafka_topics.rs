@@ -30,9 +30,24 @@ pub(super) struct TopicPreparer {
 impl TopicPreparer {
     /// Create `topic` (or, with `create_topics = false`, check that it exists).
     pub(super) async fn prepare(&self, topic: &str) -> Result<(), SinkError> {
+        self.prepare_as(topic, false).await
+    }
+
+    /// The exactly-once offsets topic: created with one partition and
+    /// `cleanup.policy=compact` (one checkpoint per slot is all that must stay), or
+    /// checked.
+    pub(super) async fn prepare_compacted(&self, topic: &str) -> Result<(), SinkError> {
+        self.prepare_as(topic, true).await
+    }
+
+    async fn prepare_as(&self, topic: &str, compacted: bool) -> Result<(), SinkError> {
         if self.create_topics {
             let replication = TopicReplication::Fixed(self.replication_factor);
-            let new_topic = NewTopic::new(topic, self.partitions, replication);
+            let partitions = if compacted { 1 } else { self.partitions };
+            let mut new_topic = NewTopic::new(topic, partitions, replication);
+            if compacted {
+                new_topic = new_topic.set("cleanup.policy", "compact");
+            }
             let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
             let results = tokio::time::timeout(
                 ADMIN_TIMEOUT,

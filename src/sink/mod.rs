@@ -5,8 +5,10 @@
 //! the [`SinkNotice`] arriving on the channel given at construction says it is durable
 //! (for stdout: written and flushed; for Kafka: acknowledged by the brokers, `acks=all`).
 
+pub mod checkpoint;
 pub mod kafka;
 pub mod kafka_config;
+pub mod kafka_eos;
 pub mod kafka_errors;
 pub mod kafka_probe;
 pub mod kafka_topics;
@@ -22,7 +24,9 @@ use tokio::sync::mpsc;
 
 pub use crate::event::TxnSeq;
 use crate::event::{OutboxEvent, Ticket};
+use crate::lsn::Lsn;
 use crate::metrics::Metrics;
+use checkpoint::Checkpoint;
 use kafka_config::KafkaConfig;
 
 /// `[sink]`: where events go.
@@ -53,6 +57,11 @@ pub struct SinkOptions {
     pub keep_events: bool,
     /// Where the sink counts what it delivered, per topic.
     pub metrics: Arc<Metrics>,
+    /// The slot streamed from, when the sink serves the relay's stream: with `[kafka]
+    /// exactly_once` the sink is transactional (one `transactional.id` per slot). `None`
+    /// (a backfill) always builds a plain idempotent producer, which cannot fence the
+    /// running relay.
+    pub slot: Option<String>,
 }
 
 /// Builds a sink for each pipeline attempt.
@@ -95,6 +104,7 @@ impl SinkSpec {
                 options.max_in_flight,
                 options.keep_events,
                 options.metrics,
+                options.slot.as_deref(),
             )?),
             SinkSpec::Custom(make) => make(notices, options)?,
         })
@@ -144,6 +154,9 @@ pub enum SinkNotice {
     /// The client reported an error; it may have become fatal (librdkafka does not
     /// flag fatal errors in its error callback, so the pipeline asks the client).
     ClientError,
+    /// An exactly-once sink's open Kafka transaction may be due for its commit: call
+    /// [`Sink::flush`].
+    Due,
     /// A topic [`Sink::topic_status`] was preparing is ready, or why not.
     Topic {
         topic: String,
@@ -160,6 +173,14 @@ pub struct DeliveryFailure {
     pub too_large: bool,
     /// The event, kept while in flight so it can go to the dead-letter topic.
     pub event: Option<Box<OutboxEvent>>,
+}
+
+/// What an exactly-once sink's checkpoints are about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    pub slot: String,
+    /// PostgreSQL's system identifier.
+    pub system_id: String,
 }
 
 /// Sender half handed to sinks for their notices.
@@ -249,6 +270,32 @@ pub trait Sink: Send {
     /// topic, before streaming starts).
     fn ensure_topic<'a>(&'a mut self, _topic: &'a str) -> SinkFuture<'a, Result<(), SinkError>> {
         Box::pin(async { Ok(()) })
+    }
+
+    /// Called once streaming has started (the slot is this relay's), before the first
+    /// record: an exactly-once sink fences older producers of its transactional id and
+    /// answers the last committed checkpoint, whose transactions the pipeline skips.
+    fn begin_session<'a>(
+        &'a mut self,
+        _session: &'a Session,
+    ) -> SinkFuture<'a, Result<Option<Checkpoint>, SinkError>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    /// A PostgreSQL transaction begins, whose commit record is at `commit_lsn`; its
+    /// first `skipped` events were dropped as already committed (a split transaction).
+    fn transaction_begin(&mut self, _commit_lsn: Lsn, _skipped: u64) {}
+
+    /// The PostgreSQL transaction ending at `end_lsn` is complete: every one of its
+    /// records was handed over.
+    fn transaction_end(&mut self, _end_lsn: Lsn) -> Result<(), SinkError> {
+        self.flush()
+    }
+
+    /// A failure after which the relay must stop rather than start again (an
+    /// exactly-once producer fenced by a newer one).
+    fn stop_reason(&self) -> Option<String> {
+        None
     }
 
     /// Why the sink cannot go on, when it has failed for good (a fatal idempotent

@@ -291,6 +291,68 @@ pub fn read_all(bootstrap: &str, topics: &[&str]) -> Vec<Record> {
     consume(bootstrap, topics, 0, Duration::ZERO)
 }
 
+/// Everything `topics` hold as a `read_committed` consumer sees it right now: every
+/// partition from its start up to its last stable offset (records of aborted
+/// transactions and transaction markers left out; records of a transaction still open
+/// are not reached). Per partition in offset order.
+pub fn read_committed(bootstrap: &str, topics: &[&str]) -> Vec<Record> {
+    // One topic at a time: a partition EOF names the partition, not its topic.
+    topics
+        .iter()
+        .flat_map(|topic| read_committed_topic(bootstrap, topic))
+        .collect()
+}
+
+fn read_committed_topic(bootstrap: &str, topic: &str) -> Vec<Record> {
+    let client = base_config(bootstrap)
+        .set("group.id", unique_group_id())
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.wait.max.ms", "100")
+        .set("isolation.level", "read_committed")
+        .create::<BaseConsumer>()
+        .unwrap_or_else(|err| panic!("creating a Kafka consumer for {bootstrap}: {err}"));
+    let Some(offsets) = watermarks(&client, &[topic], METADATA_TIMEOUT) else {
+        panic!("{bootstrap} did not answer for the watermarks of {topic:?}");
+    };
+    let mut assignment = TopicPartitionList::new();
+    let mut remaining = std::collections::BTreeSet::new();
+    for range in offsets.iter().filter(|r| r.high > r.low) {
+        assignment
+            .add_partition_offset(topic, range.partition, Offset::Beginning)
+            .expect("a valid offset");
+        remaining.insert(range.partition);
+    }
+    let mut records = Vec::new();
+    if remaining.is_empty() {
+        return records;
+    }
+    client
+        .assign(&assignment)
+        .unwrap_or_else(|err| panic!("assigning {assignment:?}: {err}"));
+    let end = Instant::now() + READ_BACK_TIMEOUT;
+    while !remaining.is_empty() {
+        let now = Instant::now();
+        assert!(
+            now < end,
+            "reading back {topic} (read_committed) from {bootstrap}: partitions {remaining:?} \
+             did not reach their end within {READ_BACK_TIMEOUT:?} ({} records read)",
+            records.len()
+        );
+        match client.poll((end - now).min(Duration::from_millis(200))) {
+            Some(Ok(message)) => records.push(Record::from_message(&message)),
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                remaining.remove(&partition);
+            }
+            Some(Err(err)) => eprintln!("[read_committed] {bootstrap}: {err}"),
+            None => {}
+        }
+    }
+    records
+}
+
 /// Reads each partition's `low..high` records.
 fn read_range(client: &BaseConsumer, bootstrap: &str, ranges: &[PartitionOffsets]) -> Vec<Record> {
     let mut assignment = TopicPartitionList::new();
