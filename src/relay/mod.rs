@@ -29,6 +29,10 @@ pub mod log {
     /// A retryable error ended an attempt; another follows after a backoff.
     pub const RETRYING: &str =
         "relay interrupted; retrying (streaming resumes from the slot's acknowledged position)";
+    /// Exactly-once: a replayed PostgreSQL transaction was split over Kafka transactions
+    /// and only its first events are committed; the rest is sent.
+    pub const RESUMING_SPLIT: &str =
+        "exactly-once: resuming a transaction split over Kafka transactions after its committed events";
 }
 
 use crate::pg::conn::PgError;

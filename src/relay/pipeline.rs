@@ -297,7 +297,15 @@ impl Pipeline {
                 let skip = skip_for(self.committed.as_ref(), final_lsn);
                 self.skip_left = skip.events();
                 let skipped = match skip {
-                    Skip::First(n) => n,
+                    Skip::First(n) => {
+                        tracing::info!(
+                            commit_lsn = %final_lsn,
+                            committed_events = n,
+                            "{}",
+                            super::log::RESUMING_SPLIT
+                        );
+                        n
+                    }
                     Skip::All | Skip::Nothing => 0,
                 };
                 self.sink.transaction_begin(final_lsn, skipped);

@@ -248,9 +248,15 @@ impl KafkaSink {
                     .unwrap_or_else(|| kafka_eos::default_transactional_id(slot)),
                 offsets_topic: settings.offsets_topic.clone(),
                 transaction_ms: std::time::Duration::from_millis(settings.transaction_ms),
-                max_events: settings
-                    .transaction_max_events
-                    .unwrap_or_else(|| u64::try_from(max_in_flight / 2).unwrap_or(u64::MAX).max(1)),
+                // At most half the in-flight bound: records are in flight until their
+                // transaction commits, and reading pauses at the bound, so a fuller
+                // transaction could wait for ever for the end of its PostgreSQL one.
+                max_events: {
+                    let bound = u64::try_from(max_in_flight / 2).unwrap_or(u64::MAX).max(1);
+                    settings
+                        .transaction_max_events
+                        .map_or(bound, |n| n.min(bound))
+                },
             }),
             _ => None,
         };
