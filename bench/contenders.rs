@@ -339,16 +339,28 @@ impl Bench<'_> {
     }
 
     /// The relay's config: defaults everywhere (no `status_interval_ms`, no Kafka
-    /// property), only what names the server, slot, publication and broker.
+    /// property), only what names the server, slot, publication and broker. `sink` is
+    /// `stdout`, `kafka`, or one of the exactly-once variants of the Kafka sink:
+    /// `kafka-eos` (`exactly_once = true`, batched by the default `transaction_ms`) and
+    /// `kafka-eos-per-txn` (`transaction_ms = 1`: about one Kafka transaction per
+    /// PostgreSQL transaction).
     fn relay_config(&self, slot: &str, sink: &str) -> Result<String, String> {
+        let (kind, exactly_once) = match sink {
+            "kafka-eos" => ("kafka", "exactly_once = true\n"),
+            "kafka-eos-per-txn" => ("kafka", "exactly_once = true\ntransaction_ms = 1\n"),
+            other => (other, ""),
+        };
         let mut config = format!(
             "[postgres]\nurl = \"{}\"\nslot = \"{slot}\"\npublication = \"{PUBLICATION}\"\n\
-             [outbox]\ntable = \"public.outbox\"\n[sink]\ntype = \"{sink}\"\n",
+             [outbox]\ntable = \"public.outbox\"\n[sink]\ntype = \"{kind}\"\n",
             self.pg.url("postgres", None, DATABASE)
         );
-        if sink == "kafka" {
+        if kind == "kafka" {
             let kafka = self.kafka.ok_or("no Kafka broker for the kafka sink")?;
-            config.push_str(&format!("[kafka]\nbrokers = \"{}\"\n", kafka.bootstrap()));
+            config.push_str(&format!(
+                "[kafka]\nbrokers = \"{}\"\n{exactly_once}",
+                kafka.bootstrap()
+            ));
         }
         Ok(config)
     }

@@ -18,10 +18,14 @@
 //! ```text
 //! set-up   outbox table (+ published_at, attempts, partial index), publication,
 //!          topics outbox.event.{order,customer,payment} × 3 partitions
-//! slots    bench_ceiling, bench_kafka, bench_stdout: created before the load
+//! slots    bench_ceiling, bench_kafka, bench_eos, bench_eos_per_txn, bench_stdout:
+//!          created before the load
 //! load     N events, transactions of 1, 10, 100, 1,000 rows; CHECKPOINT
 //! (a)      pg_recvlogical on bench_ceiling                  the ceiling
 //! (b)      relay → Kafka on bench_kafka, default settings
+//! (b2)     relay → Kafka exactly-once on bench_eos (transaction_ms = 100, the default)
+//! (b3)     relay → Kafka exactly-once on bench_eos_per_txn (transaction_ms = 1: about
+//!          one Kafka transaction per PostgreSQL transaction)
 //! (c)      relay → stdout (/dev/null) on bench_stdout
 //! (d)      Debezium (Kafka Connect + Outbox Event Router) on bench_debezium
 //! (e)      polling relay, 1 and 4 workers, each on a fresh copy of the loaded table
@@ -55,7 +59,7 @@ use report::Report;
 
 /// The contenders a run can select (`--only`).
 const CONTENDERS: &[&str] = &[
-    "ceiling", "kafka", "stdout", "debezium", "polling", "large", "latency",
+    "ceiling", "kafka", "eos", "stdout", "debezium", "polling", "large", "latency",
 ];
 
 #[derive(Debug, Parser)]
@@ -91,7 +95,7 @@ struct Options {
     /// [default: all].
     #[arg(long, value_delimiter = ',')]
     latency_contenders: Option<Vec<String>>,
-    /// Run only these contenders (ceiling, kafka, stdout, debezium, polling, large,
+    /// Run only these contenders (ceiling, kafka, eos, stdout, debezium, polling, large,
     /// latency).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
@@ -234,6 +238,7 @@ fn run(options: &Options) -> Result<(), String> {
     }
     let out_dir = out_dir(options)?;
     let needs_kafka = selected("kafka")
+        || selected("eos")
         || selected("debezium")
         || selected("polling")
         || selected("latency")
@@ -249,6 +254,8 @@ fn run(options: &Options) -> Result<(), String> {
     let slots: Vec<(&str, &str)> = [
         ("ceiling", "bench_ceiling"),
         ("kafka", "bench_kafka"),
+        ("eos", "bench_eos"),
+        ("eos", "bench_eos_per_txn"),
         ("stdout", "bench_stdout"),
         ("debezium", "bench_debezium"),
     ]
@@ -309,6 +316,31 @@ fn run(options: &Options) -> Result<(), String> {
         );
         setup::drop_slot(&mut bench.admin, "bench_kafka");
         record("(b) relay → Kafka", result, &mut measured)?;
+    }
+    if selected("eos") {
+        // Exactly-once: batched (the default transaction_ms), then about one Kafka
+        // transaction per PostgreSQL transaction (transaction_ms = 1).
+        for (id, name, slot, sink, what) in [
+            (
+                "relay-eos",
+                "relay → Kafka, exactly_once (transaction_ms = 100)",
+                "bench_eos",
+                "kafka-eos",
+                "(b2) relay → Kafka exactly-once, batched",
+            ),
+            (
+                "relay-eos-per-txn",
+                "relay → Kafka, exactly_once, one Kafka transaction per PostgreSQL transaction",
+                "bench_eos_per_txn",
+                "kafka-eos-per-txn",
+                "(b3) relay → Kafka exactly-once, per transaction",
+            ),
+        ] {
+            bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+            let result = bench.relay(id, name, slot, sink, load.target, events);
+            setup::drop_slot(&mut bench.admin, slot);
+            record(what, result, &mut measured)?;
+        }
     }
     if selected("stdout") {
         bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);

@@ -244,6 +244,19 @@ pub(super) fn commit<P: Producer<C>, C: rdkafka::producer::ProducerContext>(
     }
 }
 
+/// The checkpoint reader's client context: its errors are answered by [`read_checkpoint`]
+/// itself (a partition's end is the expected way out), so librdkafka's error callback
+/// only logs them at debug level instead of rdkafka's default ERROR.
+struct QuietContext;
+
+impl rdkafka::ClientContext for QuietContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::debug!(error = %error, reason, "checkpoint reader");
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for QuietContext {}
+
 /// Read the last committed checkpoint of `slot` from `topic` (blocking): every
 /// partition from its start to its end as a read_committed consumer sees it.
 pub(super) fn read_checkpoint(
@@ -255,14 +268,14 @@ pub(super) fn read_checkpoint(
         topic: topic.to_owned(),
         reason,
     };
-    let consumer: BaseConsumer = config
+    let consumer: BaseConsumer<QuietContext> = config
         .set("group.id", "outbox-relay-checkpoint-reader")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest")
-        .create()
+        .create_with_context(QuietContext)
         .map_err(|e| SinkError::KafkaSetup(format!("checkpoint reader: {e}")))?;
     let metadata = consumer
         .fetch_metadata(Some(topic), START_TIMEOUT)
