@@ -57,15 +57,15 @@ use crate::sink::{
 const LIBRDKAFKA_MESSAGE_MAX_BYTES: u32 = 1_000_000;
 
 /// Per-message state carried through librdkafka to the delivery callback.
-struct InFlight {
+pub(super) struct InFlight {
     /// `None` for an exactly-once checkpoint record.
-    tag: Option<RecordTag>,
+    pub(super) tag: Option<RecordTag>,
     /// Kept only when a dead-letter topic can take the event if it is refused.
-    event: Option<Box<OutboxEvent>>,
+    pub(super) event: Option<Box<OutboxEvent>>,
 }
 
 /// Receives librdkafka's callbacks and turns them into [`SinkNotice`]s.
-struct RelayContext {
+pub(super) struct RelayContext {
     notices: NoticeSender,
     /// The producer's `message.max.bytes`, for error messages.
     max_message_bytes: String,
@@ -199,9 +199,9 @@ enum TopicState {
 /// The sink.
 pub struct KafkaSink {
     /// Shared with the commit tasks (exactly-once).
-    producer: Arc<ThreadedProducer<RelayContext>>,
-    preparer: TopicPreparer,
-    notices: NoticeSender,
+    pub(super) producer: Arc<ThreadedProducer<RelayContext>>,
+    pub(super) preparer: TopicPreparer,
+    pub(super) notices: NoticeSender,
     keep_events: bool,
     topics: HashMap<String, TopicState>,
     /// Admin requests under way; aborted when the sink is dropped (a new attempt).
@@ -209,11 +209,11 @@ pub struct KafkaSink {
     /// The producer's `message.max.bytes`, for error messages.
     max_message_bytes: String,
     /// Exactly-once: the transactional state, and what reading the checkpoint needs.
-    eos: Option<Transactions>,
-    checkpoint_reader: ClientConfig,
-    metrics: Arc<Metrics>,
+    pub(super) eos: Option<Transactions>,
+    pub(super) checkpoint_reader: ClientConfig,
+    pub(super) metrics: Arc<Metrics>,
     /// Fires [`SinkNotice::Due`] when the open transaction is old enough.
-    due_timer: Option<tokio::task::JoinHandle<()>>,
+    pub(super) due_timer: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for KafkaSink {
@@ -221,8 +221,24 @@ impl Drop for KafkaSink {
         if let Some(timer) = self.due_timer.take() {
             timer.abort();
         }
+        // Exactly-once: an open transaction would hold back read_committed consumers of
+        // its partitions until the next init_transactions or transaction.timeout.ms;
+        // abort it now (bounded; it fails at once when fenced). Its records are sent
+        // again by the next session.
+        if self
+            .eos
+            .as_ref()
+            .is_some_and(|eos| eos.is_open() && !eos.committing())
+        {
+            if let Err(error) = self.producer.abort_transaction(ABORT_TIMEOUT) {
+                tracing::debug!(error = %error, "aborting the open Kafka transaction failed");
+            }
+        }
     }
 }
+
+/// How long dropping an exactly-once sink may wait for its open transaction's abort.
+const ABORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl KafkaSink {
     /// Build the producer and admin client. `max_in_flight` sizes the producer queue;
@@ -367,108 +383,6 @@ impl KafkaSink {
         Ok(())
     }
 
-    /// Exactly-once: when the producer failed because a newer one fenced it, the
-    /// message to stop with.
-    fn fenced(&self) -> Option<String> {
-        let eos = self.eos.as_ref()?;
-        let (code, reason) = self.producer.client().fatal_error()?;
-        kafka_eos::is_fenced(code).then(|| {
-            kafka_eos::fenced_message(&eos.settings.transactional_id, &format!("{code}: {reason}"))
-        })
-    }
-
-    /// Exactly-once start: the offsets topic, `init_transactions` (fencing older
-    /// producers of the id, aborting their open transaction), then the last committed
-    /// checkpoint, trusted only for the same PostgreSQL system.
-    async fn start_transactions(
-        &mut self,
-        session: &Session,
-    ) -> Result<Option<Checkpoint>, SinkError> {
-        let Some(eos) = &self.eos else {
-            return Ok(None);
-        };
-        let topic = eos.settings.offsets_topic.clone();
-        let transactional_id = eos.settings.transactional_id.clone();
-        if let Some(reason) = illegal_topic_name(&topic) {
-            return Err(SinkError::KafkaStop(format!(
-                "kafka.offsets_topic {topic:?}: {reason}"
-            )));
-        }
-        self.preparer.prepare_compacted(&topic).await?;
-        let producer = Arc::clone(&self.producer);
-        let id = transactional_id.clone();
-        tokio::task::spawn_blocking(move || {
-            producer
-                .init_transactions(std::time::Duration::from_secs(30))
-                .map_err(|e| kafka_eos::classify(&id, "initialising Kafka transactions", &e))
-        })
-        .await
-        .map_err(|e| SinkError::KafkaRetry(format!("initialising Kafka transactions: {e}")))??;
-        let config = self.checkpoint_reader.clone();
-        let slot = session.slot.clone();
-        let reader_topic = topic.clone();
-        let checkpoint = tokio::task::spawn_blocking(move || {
-            kafka_eos::read_checkpoint(config, &reader_topic, &slot)
-        })
-        .await
-        .map_err(|e| SinkError::KafkaRetry(format!("reading the checkpoint: {e}")))??;
-        if let Some(checkpoint) = &checkpoint {
-            checkpoint
-                .check_system(&session.system_id, &topic)
-                .map_err(SinkError::KafkaStop)?;
-        }
-        tracing::info!(
-            transactional_id = %transactional_id,
-            offsets_topic = %topic,
-            checkpoint_end_lsn = %checkpoint.as_ref().map_or(Lsn::ZERO, |c| c.end_lsn),
-            checkpoint_partial_events = checkpoint.as_ref().and_then(|c| c.partial).map_or(0, |p| p.events),
-            "exactly-once: transactions initialised, skipping what the checkpoint covers"
-        );
-        if let Some(eos) = &mut self.eos {
-            eos.started(session.clone(), checkpoint.as_ref());
-        }
-        Ok(checkpoint)
-    }
-
-    /// Exactly-once: when the open transaction is due, send its checkpoint record and
-    /// commit it off the loop.
-    fn commit_if_due(&mut self) -> Result<(), SinkError> {
-        let Some(eos) = &mut self.eos else {
-            return Ok(());
-        };
-        let Some(commit) = eos.due() else {
-            return Ok(());
-        };
-        let topic = eos.settings.offsets_topic.clone();
-        let transactional_id = eos.settings.transactional_id.clone();
-        let record = BaseRecord::with_opaque_to(
-            &topic,
-            Box::new(InFlight {
-                tag: None,
-                event: None,
-            }),
-        )
-        .key(commit.checkpoint_key.as_bytes())
-        .payload(&commit.checkpoint);
-        if let Err((error, _)) = self.producer.send(record) {
-            return Err(kafka_eos::classify(
-                &transactional_id,
-                "sending the checkpoint record",
-                &error,
-            ));
-        }
-        if let Some(timer) = self.due_timer.take() {
-            timer.abort();
-        }
-        let producer = Arc::clone(&self.producer);
-        let notices = self.notices.clone();
-        let metrics = Arc::clone(&self.metrics);
-        tokio::task::spawn_blocking(move || {
-            kafka_eos::commit(&*producer, commit, &transactional_id, &notices, &metrics);
-        });
-        Ok(())
-    }
-
     /// The producer's fatal error, if it has one.
     fn producer_fatal_error(&self) -> Option<String> {
         self.producer
@@ -486,11 +400,13 @@ impl Sink for KafkaSink {
                 return Err(SendError::QueueFull(Box::new(event)));
             }
             if !eos.is_open() {
-                self.producer.begin_transaction().map_err(|e| {
+                let producer = &self.producer;
+                producer.begin_transaction().map_err(|e| {
                     kafka_eos::classify(
                         &eos.settings.transactional_id,
                         "beginning a Kafka transaction",
                         &e,
+                        producer.client().fatal_error(),
                     )
                 })?;
                 eos.opened();

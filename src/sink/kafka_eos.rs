@@ -12,7 +12,7 @@
 //! committed, and that transaction's checkpoint record says which PostgreSQL
 //! transactions it completes (its `end_lsn`) or how far it got into a split one. The
 //! slot is acknowledged after the commit, so after a crash the slot is at or behind the
-//! checkpoint, never ahead: on start ([`begin`]) `init_transactions` fences any older
+//! checkpoint, never ahead: on start (`KafkaSink::start_transactions`) `init_transactions` fences any older
 //! producer of the same `transactional.id` (and aborts its open transaction), then a
 //! read_committed consumer reads the last checkpoint, and the pipeline skips what it
 //! covers ([`crate::sink::checkpoint::skip_for`]). Events between the checkpoint and the
@@ -39,6 +39,10 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::lsn::Lsn;
 use crate::metrics::Metrics;
 use crate::sink::checkpoint::{Checkpoint, Partial};
+use rdkafka::producer::BaseRecord;
+
+use crate::sink::kafka::{InFlight, KafkaSink};
+use crate::sink::kafka_topics::illegal_topic_name;
 use crate::sink::{NoticeSender, RecordTag, Session, SinkError, SinkNotice};
 
 /// How long `init_transactions` and the checkpoint read may take before the attempt is
@@ -202,20 +206,32 @@ pub fn fenced_message(transactional_id: &str, error: &str) -> String {
 /// Classify a transactional call's failure: fenced (or not allowed) stops, anything
 /// else starts the session again (the new producer aborts what is open, the checkpoint
 /// says where to resume).
-pub fn classify(transactional_id: &str, what: &str, error: &KafkaError) -> SinkError {
+/// `fatal` is the producer's fatal error, if it has one: the error of the call itself
+/// may only say "fatal" or "wrong state" while the fatal error says "fenced".
+pub fn classify(
+    transactional_id: &str,
+    what: &str,
+    error: &KafkaError,
+    fatal: Option<(RDKafkaErrorCode, String)>,
+) -> SinkError {
     let code = error
         .rdkafka_error_code()
         .unwrap_or(RDKafkaErrorCode::Unknown);
     if is_fenced(code) {
-        SinkError::KafkaStop(fenced_message(transactional_id, &error.to_string()))
-    } else {
-        SinkError::KafkaRetry(format!("{what} failed: {error}"))
+        return SinkError::KafkaStop(fenced_message(transactional_id, &error.to_string()));
+    }
+    match fatal {
+        Some((code, reason)) if is_fenced(code) => SinkError::KafkaStop(fenced_message(
+            transactional_id,
+            &format!("{code}: {reason}"),
+        )),
+        _ => SinkError::KafkaRetry(format!("{what} failed: {error}")),
     }
 }
 
 /// Commit the open transaction (blocking; run it with `spawn_blocking`), then report
 /// every record of it delivered, or why not.
-pub(super) fn commit<P: Producer<C>, C: rdkafka::producer::ProducerContext>(
+pub(super) fn commit_blocking<P: Producer<C>, C: rdkafka::producer::ProducerContext>(
     producer: &P,
     commit: Commit,
     transactional_id: &str,
@@ -232,13 +248,17 @@ pub(super) fn commit<P: Producer<C>, C: rdkafka::producer::ProducerContext>(
             }
         }
         Err(error) => {
-            let notice =
-                match classify(transactional_id, "committing the Kafka transaction", &error) {
-                    SinkError::KafkaStop(reason) => SinkNotice::Stop { reason },
-                    other => SinkNotice::Retry {
-                        reason: other.to_string(),
-                    },
-                };
+            let notice = match classify(
+                transactional_id,
+                "committing the Kafka transaction",
+                &error,
+                producer.client().fatal_error(),
+            ) {
+                SinkError::KafkaStop(reason) => SinkNotice::Stop { reason },
+                other => SinkNotice::Retry {
+                    reason: other.to_string(),
+                },
+            };
             let _ = notices.send(notice);
         }
     }
@@ -351,6 +371,116 @@ pub(super) fn read_checkpoint(
     Ok(last)
 }
 
+impl KafkaSink {
+    /// Exactly-once: when the producer failed because a newer one fenced it, the
+    /// message to stop with.
+    pub(super) fn fenced(&self) -> Option<String> {
+        let eos = self.eos.as_ref()?;
+        let (code, reason) = self.producer.client().fatal_error()?;
+        is_fenced(code)
+            .then(|| fenced_message(&eos.settings.transactional_id, &format!("{code}: {reason}")))
+    }
+
+    /// Exactly-once start: the offsets topic, `init_transactions` (fencing older
+    /// producers of the id, aborting their open transaction), then the last committed
+    /// checkpoint, trusted only for the same PostgreSQL system.
+    pub(super) async fn start_transactions(
+        &mut self,
+        session: &Session,
+    ) -> Result<Option<Checkpoint>, SinkError> {
+        let Some(eos) = &self.eos else {
+            return Ok(None);
+        };
+        let topic = eos.settings.offsets_topic.clone();
+        let transactional_id = eos.settings.transactional_id.clone();
+        if let Some(reason) = illegal_topic_name(&topic) {
+            return Err(SinkError::KafkaStop(format!(
+                "kafka.offsets_topic {topic:?}: {reason}"
+            )));
+        }
+        self.preparer.prepare_compacted(&topic).await?;
+        let producer = Arc::clone(&self.producer);
+        let id = transactional_id.clone();
+        tokio::task::spawn_blocking(move || {
+            producer
+                .init_transactions(std::time::Duration::from_secs(30))
+                .map_err(|e| {
+                    classify(
+                        &id,
+                        "initialising Kafka transactions",
+                        &e,
+                        producer.client().fatal_error(),
+                    )
+                })
+        })
+        .await
+        .map_err(|e| SinkError::KafkaRetry(format!("initialising Kafka transactions: {e}")))??;
+        let config = self.checkpoint_reader.clone();
+        let slot = session.slot.clone();
+        let reader_topic = topic.clone();
+        let checkpoint =
+            tokio::task::spawn_blocking(move || read_checkpoint(config, &reader_topic, &slot))
+                .await
+                .map_err(|e| SinkError::KafkaRetry(format!("reading the checkpoint: {e}")))??;
+        if let Some(checkpoint) = &checkpoint {
+            checkpoint
+                .check_system(&session.system_id, &topic)
+                .map_err(SinkError::KafkaStop)?;
+        }
+        tracing::info!(
+            transactional_id = %transactional_id,
+            offsets_topic = %topic,
+            checkpoint_end_lsn = %checkpoint.as_ref().map_or(Lsn::ZERO, |c| c.end_lsn),
+            checkpoint_partial_events = checkpoint.as_ref().and_then(|c| c.partial).map_or(0, |p| p.events),
+            "exactly-once: transactions initialised, skipping what the checkpoint covers"
+        );
+        if let Some(eos) = &mut self.eos {
+            eos.started(session.clone(), checkpoint.as_ref());
+        }
+        Ok(checkpoint)
+    }
+
+    /// Exactly-once: when the open transaction is due, send its checkpoint record and
+    /// commit it off the loop.
+    pub(super) fn commit_if_due(&mut self) -> Result<(), SinkError> {
+        let Some(eos) = &mut self.eos else {
+            return Ok(());
+        };
+        let Some(commit) = eos.due() else {
+            return Ok(());
+        };
+        let topic = eos.settings.offsets_topic.clone();
+        let transactional_id = eos.settings.transactional_id.clone();
+        let record = BaseRecord::with_opaque_to(
+            &topic,
+            Box::new(InFlight {
+                tag: None,
+                event: None,
+            }),
+        )
+        .key(commit.checkpoint_key.as_bytes())
+        .payload(&commit.checkpoint);
+        if let Err((error, _)) = self.producer.send(record) {
+            return Err(classify(
+                &transactional_id,
+                "sending the checkpoint record",
+                &error,
+                self.producer.client().fatal_error(),
+            ));
+        }
+        if let Some(timer) = self.due_timer.take() {
+            timer.abort();
+        }
+        let producer = Arc::clone(&self.producer);
+        let notices = self.notices.clone();
+        let metrics = Arc::clone(&self.metrics);
+        tokio::task::spawn_blocking(move || {
+            commit_blocking(&*producer, commit, &transactional_id, &notices, &metrics);
+        });
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,5 +585,32 @@ mod tests {
         let message = fenced_message("outbox-relay-s", "Local: This instance has been fenced");
         assert!(message.contains("fenced") && message.contains("transactional_id"));
         assert_eq!(default_transactional_id("s"), "outbox-relay-s");
+    }
+
+    #[test]
+    fn a_call_failing_for_a_fenced_producer_stops_whatever_its_own_code() {
+        let state = KafkaError::Flush(RDKafkaErrorCode::State);
+        assert!(matches!(
+            classify("id", "committing", &state, None),
+            SinkError::KafkaRetry(_)
+        ));
+        assert!(matches!(
+            classify(
+                "id",
+                "committing",
+                &state,
+                Some((RDKafkaErrorCode::Fenced, "fenced by a newer instance".into()))
+            ),
+            SinkError::KafkaStop(message) if message.contains("fenced")
+        ));
+        assert!(matches!(
+            classify(
+                "id",
+                "committing",
+                &state,
+                Some((RDKafkaErrorCode::OutOfOrderSequenceNumber, "gap".into()))
+            ),
+            SinkError::KafkaRetry(_)
+        ));
     }
 }
