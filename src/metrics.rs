@@ -18,6 +18,7 @@ pub const EVENTS_TOTAL: &str = "outbox_relay_events_total";
 pub const DEAD_LETTERED_TOTAL: &str = "outbox_relay_dead_lettered_total";
 pub const TRANSACTIONS_TOTAL: &str = "outbox_relay_transactions_total";
 pub const RESTARTS_TOTAL: &str = "outbox_relay_restarts_total";
+pub const TAKEOVERS_TOTAL: &str = "outbox_relay_takeovers_total";
 pub const IN_FLIGHT: &str = "outbox_relay_in_flight_events";
 pub const FLUSH_LSN: &str = "outbox_relay_flush_lsn";
 pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
@@ -65,6 +66,8 @@ pub struct Metrics {
     pub dead_lettered: AtomicU64,
     pub transactions: AtomicU64,
     pub restarts: AtomicU64,
+    /// Walsenders of a silent relay this standby ended to take the slot over.
+    pub takeovers: AtomicU64,
     pub in_flight: AtomicU64,
     pub flush_lsn: AtomicU64,
     pub received_lsn: AtomicU64,
@@ -230,6 +233,12 @@ impl Metrics {
                 "counter",
                 "Pipeline restarts after retryable errors.",
                 get(&self.restarts),
+            ),
+            (
+                TAKEOVERS_TOTAL,
+                "counter",
+                "Walsenders of a silent relay this standby ended to take the slot over.",
+                get(&self.takeovers),
             ),
             (
                 IN_FLIGHT,
@@ -402,11 +411,11 @@ mod tests {
             text.contains(&format!("{FLUSH_LSN} 4294967296\n")),
             "{text}"
         );
-        // 11 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
+        // 12 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
         // per-topic series before any delivery.
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
-            11 + 1 + 17
+            12 + 1 + 17
         );
     }
 
@@ -507,6 +516,7 @@ mod tests {
                 "outbox_relay_dead_lettered_total counter",
                 "outbox_relay_transactions_total counter",
                 "outbox_relay_restarts_total counter",
+                "outbox_relay_takeovers_total counter",
                 "outbox_relay_in_flight_events gauge",
                 "outbox_relay_flush_lsn gauge",
                 "outbox_relay_received_lsn gauge",

@@ -53,6 +53,7 @@ pub const KEYS: &[(&str, &[(&str, Kind)])] = &[
             ("publication", Kind::Str),
             ("status_interval_ms", Kind::Int),
             ("receive_timeout_ms", Kind::Int),
+            ("takeover_silence_ms", Kind::Int),
             ("state_table", Kind::Str),
             ("failover_slot", Kind::Bool),
         ],

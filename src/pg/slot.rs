@@ -117,6 +117,14 @@ pub async fn prepare(
         )));
     }
 
+    // Another process streams from the slot: stop here, before anything is written (a
+    // standby retrying every 100-200 ms must not touch the database).
+    if let Some(pid) = active_pid(conn, &spec.slot).await? {
+        return Err(SetupError::SlotActive {
+            slot: spec.slot.clone(),
+            pid,
+        });
+    }
     let publication_created = ensure_publication(conn, spec, outbox_partitioned).await?;
     state::ensure_table(conn, &spec.state_table)
         .await
@@ -126,13 +134,17 @@ pub async fn prepare(
     if failover_slot {
         warn_without_synchronized_standbys(conn, &spec.slot).await?;
     }
-    // From here on the slot is streamed from: losing it loses events.
-    conn.simple_query(&state::streaming_sql(
-        &spec.state_table,
-        &spec.slot,
-        &system_id,
-    ))
-    .await?;
+    // From here on the slot is streamed from: losing it loses events. Written once, not
+    // at every start (an UPDATE to the same values is a write all the same).
+    let recorded = state::read(conn, &spec.state_table, &spec.slot).await?;
+    if !recorded.as_ref().is_some_and(state::SlotRecord::streamed) {
+        conn.simple_query(&state::streaming_sql(
+            &spec.state_table,
+            &spec.slot,
+            &system_id,
+        ))
+        .await?;
+    }
 
     let timeout = conn.simple_query("SHOW wal_sender_timeout").await?;
     let wal_sender_timeout = timeout
@@ -153,6 +165,17 @@ pub async fn prepare(
         outbox_partitioned,
         failover_slot,
     })
+}
+
+/// The process streaming from `slot`, if any.
+pub async fn active_pid(conn: &mut PgConnection, slot: &str) -> Result<Option<i32>, PgError> {
+    let found = conn
+        .simple_query(&format!(
+            "SELECT active_pid FROM pg_catalog.pg_replication_slots WHERE slot_name = {} AND active_pid IS NOT NULL",
+            quote_literal(slot)
+        ))
+        .await?;
+    Ok(found.get(0, "active_pid").and_then(|pid| pid.parse().ok()))
 }
 
 /// The server's `server_version_num` (e.g. 170004), 0 when it cannot be read.

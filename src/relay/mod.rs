@@ -14,6 +14,7 @@ pub mod repair;
 pub mod router;
 pub mod run;
 pub mod settings;
+pub mod takeover;
 pub mod txn;
 pub mod watch;
 
@@ -29,6 +30,13 @@ pub mod log {
     /// A retryable error ended an attempt; another follows after a backoff.
     pub const RETRYING: &str =
         "relay interrupted; retrying (streaming resumes from the slot's acknowledged position)";
+    /// Another process streams from the slot: this relay waits as the standby (said
+    /// once each time it starts waiting).
+    pub const WAITING_FOR_SLOT: &str =
+        "replication slot is in use by another process; waiting to take over";
+    /// A standby ends the walsender of a relay that went silent, to take the slot over.
+    pub const TAKING_OVER: &str =
+        "the relay streaming from the slot is silent: ending its walsender to take over";
 }
 
 use crate::pg::conn::PgError;
@@ -97,7 +105,11 @@ impl RelayError {
     /// Whether PostgreSQL refused the slot because another process streams from it
     /// (a standby relay waiting to take over).
     pub fn slot_in_use(&self) -> bool {
-        matches!(self, RelayError::Pg(PgError::Db(db)) if db.code == SLOT_IN_USE)
+        match self {
+            RelayError::Pg(PgError::Db(db)) => db.code == SLOT_IN_USE,
+            RelayError::Setup(setup) => matches!(**setup, SetupError::SlotActive { .. }),
+            _ => false,
+        }
     }
 
     /// Retryable errors restart the pipeline (with backoff) from the slot's
