@@ -300,3 +300,112 @@ fn twenty_takeovers_from_a_relay_whose_link_is_blackholed() {
         ms[ms.len() - 1]
     ));
 }
+
+/// With the default settings (status interval 10 s, so 30 s of silence): one takeover,
+/// no sooner than 30 s after the last status update the silent relay sent (at most
+/// one interval before its link went dark) and no later than 30 s after the blackhole
+/// plus [`TAKEOVER_MARGIN`]. PostgreSQL's own `wal_sender_timeout` (60 s) would free
+/// the slot only later.
+#[test]
+fn a_silent_relay_is_taken_over_after_three_default_status_intervals() {
+    const SILENCE: Duration = Duration::from_secs(30);
+    const STATUS_INTERVAL: Duration = Duration::from_secs(10);
+    let pg = cluster_with_outbox(PgOptions::default());
+    let upstream = format!("127.0.0.1:{}", pg.port()).parse().unwrap();
+    let proxies = [FaultProxy::start(upstream), FaultProxy::start(upstream)];
+    let defaults = |proxy| config_through(&pg, proxy, "").replace("status_interval_ms = 200\n", "");
+    let active = support::outbox::start_streaming(&defaults(&proxies[0]));
+    let standby = RelayProcess::start(&defaults(&proxies[1]));
+    standby.wait_for_stderr(WAITING, WAIT);
+    let before = insert(&pg, 0, 2);
+    wait_printed(&active, &before, "the active relay printed the events");
+    let walsender = slot_active_pid(&pg).expect("the active relay streams");
+
+    proxies[0].blackhole(true);
+    let dark = Instant::now();
+    let after = insert(&pg, 2, 2);
+    let took = support::wait_for("the standby to take the slot", WAIT, || {
+        slot_active_pid(&pg)
+            .filter(|pid| *pid != walsender)
+            .map(|_| dark.elapsed())
+    });
+    wait_printed(&standby, &after, "the new active relay printed the events");
+    assert!(
+        took >= SILENCE - STATUS_INTERVAL && took <= SILENCE + TAKEOVER_MARGIN,
+        "took over {took:?} after the blackhole; standby stderr:\n{}",
+        support::wait::tail_lines(&standby.stderr(), 20)
+    );
+    assert!(
+        standby.stderr().contains(TAKING_OVER),
+        "{}",
+        standby.stderr()
+    );
+    support::outbox::report(&format!(
+        "takeover from a black-holed relay with the default settings (30 s of silence): {} ms after the blackhole",
+        took.as_millis()
+    ));
+}
+
+/// A standby whose role may not see other walsenders' details (`pg_read_all_stats`)
+/// says so once and waits, even while the streaming relay is silent; with it but
+/// without the right to end another role's walsender (`pg_signal_backend`), it says
+/// that once and waits; given both, it takes over.
+#[test]
+fn a_standby_without_the_privileges_says_what_to_grant_and_waits() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    pg.client_db("app")
+        .batch_execute(
+            "CREATE ROLE relay_a LOGIN REPLICATION; CREATE ROLE relay_b LOGIN REPLICATION;
+             GRANT SELECT ON outbox TO relay_a, relay_b;
+             CREATE PUBLICATION outbox_relay FOR TABLE outbox WITH (publish = 'insert');
+             CREATE TABLE outbox_relay_state (slot_name text PRIMARY KEY, system_identifier text,
+                 created_at timestamptz, first_streamed_at timestamptz, acknowledged_lsn pg_lsn,
+                 acknowledged_at timestamptz, gap_accepted_at timestamptz, gap_from_lsn pg_lsn,
+                 gap_to_lsn pg_lsn);
+             GRANT SELECT, INSERT, UPDATE ON outbox_relay_state TO relay_a, relay_b;",
+        )
+        .expect("creating the roles");
+    let upstream = format!("127.0.0.1:{}", pg.port()).parse().unwrap();
+    let proxies = [FaultProxy::start(upstream), FaultProxy::start(upstream)];
+    let extra = format!("takeover_silence_ms = {}\n", TEST_SILENCE.as_millis());
+    let as_role = |proxy, role: &str| {
+        config_through(&pg, proxy, &extra)
+            .replace("postgres://postgres@", &format!("postgres://{role}@"))
+    };
+    let active = RelayProcess::start(&as_role(&proxies[0], "relay_a"));
+    active.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+    let walsender = slot_active_pid(&pg).expect("the active relay streams");
+    let standby = RelayProcess::start(&as_role(&proxies[1], "relay_b"));
+    const HIDDEN: &str = "GRANT pg_read_all_stats TO the relay's role";
+    standby.wait_for_stderr(HIDDEN, WAIT);
+
+    proxies[0].blackhole(true);
+    // Well past the silence: the standby's attempts, one connection each.
+    let attempts = proxies[1].accepted_count();
+    support::wait_until(
+        "the standby's attempts while the active is silent",
+        WAIT,
+        || proxies[1].accepted_count() >= attempts + 15,
+    );
+    assert_eq!(slot_active_pid(&pg), Some(walsender), "nothing was ended");
+
+    pg.batch_execute("GRANT pg_read_all_stats TO relay_b");
+    const NOT_ALLOWED: &str = "this role may not end its walsender: GRANT pg_signal_backend";
+    standby.wait_for_stderr(NOT_ALLOWED, WAIT);
+    assert_eq!(slot_active_pid(&pg), Some(walsender), "nothing was ended");
+
+    pg.batch_execute("GRANT pg_signal_backend TO relay_b");
+    support::wait_until("the standby to take the slot", WAIT, || {
+        slot_active_pid(&pg).is_some_and(|pid| pid != walsender)
+    });
+    let events = insert(&pg, 0, 2);
+    wait_printed(&standby, &events, "the new active relay printed the events");
+    let stderr = standby.stderr();
+    assert!(stderr.contains(TAKING_OVER), "{stderr}");
+    assert_eq!(stderr.matches(HIDDEN).count(), 1, "said once: {stderr}");
+    assert_eq!(
+        stderr.matches(NOT_ALLOWED).count(),
+        1,
+        "said once: {stderr}"
+    );
+}

@@ -34,7 +34,8 @@
 //! - **The last look and the termination are one statement**: a walsender that replied,
 //!   or was replaced, in between is not touched.
 //! - A relay that cannot see the walsender's details (no `pg_read_all_stats`) or may not
-//!   end it (no `pg_signal_backend`) waits as before and says once what to grant.
+//!   end it (another role's walsender without `pg_signal_backend`, or a superuser's)
+//!   waits as before and says once what to grant.
 
 use std::time::{Duration, Instant};
 
@@ -227,7 +228,7 @@ pub async fn look(
                 tracing::warn!(
                     %slot,
                     pid = sample.pid,
-                    "this role cannot see whether the relay streaming from the slot is alive (pg_stat_replication hides other roles' reply_time), so a standby cannot take over from a silent one before wal_sender_timeout: GRANT pg_read_all_stats TO the relay's role (and pg_signal_backend, to end the silent walsender)"
+                    "this role cannot see whether the relay streaming from the slot is alive (pg_stat_replication hides other roles' reply_time), so a standby cannot take over from a silent one before wal_sender_timeout: GRANT pg_read_all_stats TO the relay's role (and pg_signal_backend when the instances use different roles)"
                 );
             }
             return Ok(false);

@@ -59,6 +59,8 @@ fn healthy() -> PgFacts {
             may_create_in_database: true,
             max_slot_wal_keep_size: None,
             synchronized_standby_slots: None,
+            reads_all_stats: true,
+            signals_backends: true,
         },
         replication_session: Ok(()),
         table: Ok(Some(TableFacts {
@@ -156,6 +158,7 @@ fn a_healthy_setup_has_no_problem_and_no_warning() {
         "outbox.additional[1]",
         "postgres.publication",
         "postgres.slot",
+        "postgres.takeover",
         "postgres.state_table",
     ] {
         assert!(found.iter().any(|f| f.id == id), "no finding {id}");
@@ -452,4 +455,33 @@ fn reports_mask_secrets_and_count_problems() {
     assert_eq!(json[1]["status"], "problem");
     assert_eq!(json[0]["fix"], serde_json::Value::Null);
     assert!(!report.json().contains("hunter2"));
+}
+
+#[test]
+fn a_standby_without_pg_read_all_stats_is_warned() {
+    let mut facts = healthy();
+    facts.server.reads_all_stats = false;
+    facts.server.signals_backends = false;
+    let found = check(&facts, &[]);
+    let takeover = found
+        .iter()
+        .find(|f| f.id == "postgres.takeover")
+        .expect("a takeover finding");
+    assert_eq!(takeover.status, Status::Warning);
+    assert!(
+        takeover.message.contains("wal_sender_timeout"),
+        "{takeover:?}"
+    );
+    assert!(
+        takeover
+            .fix
+            .as_deref()
+            .is_some_and(|fix| fix.starts_with("GRANT pg_read_all_stats TO \"relay\"")),
+        "{takeover:?}"
+    );
+    facts.server.reads_all_stats = true;
+    let found = check(&facts, &[]);
+    let takeover = found.iter().find(|f| f.id == "postgres.takeover").unwrap();
+    assert_eq!(takeover.status, Status::Ok);
+    assert!(takeover.message.contains("its own role"), "{takeover:?}");
 }
