@@ -221,4 +221,24 @@ mod tests {
             "{problems:?}"
         );
     }
+
+    #[test]
+    fn a_takeover_silence_shorter_than_two_status_intervals_is_refused() {
+        let table = QualifiedName::parse("public.outbox").unwrap();
+        let checked = |extra: &str| {
+            let config: PostgresConfig =
+                toml::from_str(&format!("url = \"postgres://u@h/app\"\n{extra}")).unwrap();
+            config.check(Some(&table), None).map(drop)
+        };
+        assert!(checked("").is_ok());
+        assert!(checked("takeover_silence_ms = 0").is_ok());
+        assert!(checked("takeover_silence_ms = 20000").is_ok());
+        let problems = checked("takeover_silence_ms = 19999").unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("postgres.takeover_silence_ms: must be 0 (off) or at least 2 status intervals (20000 ms"),
+            "{problems:?}"
+        );
+        assert!(checked("status_interval_ms = 200\ntakeover_silence_ms = 400").is_ok());
+    }
 }
