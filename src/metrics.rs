@@ -29,6 +29,9 @@ pub const REPLICATION_LAG_SECONDS: &str = "outbox_relay_replication_lag_seconds"
 pub const STREAMING: &str = "outbox_relay_streaming";
 pub const DELIVERY_LATENCY_SECONDS: &str = "outbox_relay_commit_to_delivery_seconds";
 pub const TOPIC_DELIVERED_TOTAL: &str = "outbox_relay_topic_delivered_total";
+pub const MESSAGES_TOTAL: &str = "outbox_relay_messages_total";
+pub const MESSAGES_REFUSED_TOTAL: &str = "outbox_relay_messages_refused_total";
+pub const MESSAGES_IGNORED_TOTAL: &str = "outbox_relay_messages_ignored_total";
 pub const TOPIC_DEAD_LETTERED_TOTAL: &str = "outbox_relay_topic_dead_lettered_total";
 
 /// Upper bounds (seconds) of the commit-to-delivery histogram's buckets: from a few
@@ -65,6 +68,12 @@ pub struct Metrics {
     pub events: AtomicU64,
     pub dead_lettered: AtomicU64,
     pub transactions: AtomicU64,
+    /// Logical decoding messages of relayed prefixes (records or dead letters).
+    pub messages: AtomicU64,
+    /// Non-transactional messages of relayed prefixes refused.
+    pub messages_refused: AtomicU64,
+    /// Messages whose prefix is not relayed.
+    pub messages_ignored: AtomicU64,
     pub restarts: AtomicU64,
     /// Walsenders of a silent relay this standby ended to take the slot over.
     pub takeovers: AtomicU64,
@@ -227,6 +236,24 @@ impl Metrics {
                 "counter",
                 "Committed transactions received.",
                 get(&self.transactions),
+            ),
+            (
+                MESSAGES_TOTAL,
+                "counter",
+                "Logical decoding messages of relayed prefixes (the table-less outbox), each a record or a dead letter.",
+                get(&self.messages),
+            ),
+            (
+                MESSAGES_REFUSED_TOTAL,
+                "counter",
+                "Non-transactional messages of relayed prefixes refused (messages.non_transactional = refuse).",
+                get(&self.messages_refused),
+            ),
+            (
+                MESSAGES_IGNORED_TOTAL,
+                "counter",
+                "Logical decoding messages whose prefix is not relayed.",
+                get(&self.messages_ignored),
             ),
             (
                 RESTARTS_TOTAL,
@@ -411,11 +438,11 @@ mod tests {
             text.contains(&format!("{FLUSH_LSN} 4294967296\n")),
             "{text}"
         );
-        // 12 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
+        // 15 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
         // per-topic series before any delivery.
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
-            12 + 1 + 17
+            15 + 1 + 17
         );
     }
 
@@ -515,6 +542,9 @@ mod tests {
                 "outbox_relay_events_total counter",
                 "outbox_relay_dead_lettered_total counter",
                 "outbox_relay_transactions_total counter",
+                "outbox_relay_messages_total counter",
+                "outbox_relay_messages_refused_total counter",
+                "outbox_relay_messages_ignored_total counter",
                 "outbox_relay_restarts_total counter",
                 "outbox_relay_takeovers_total counter",
                 "outbox_relay_in_flight_events gauge",

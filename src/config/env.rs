@@ -61,6 +61,7 @@ pub const KEYS: &[(&str, &[(&str, Kind)])] = &[
     (
         "outbox",
         &[
+            ("enabled", Kind::Bool),
             ("table", Kind::Str),
             ("id_column", Kind::Str),
             ("key_column", Kind::Str),
@@ -96,6 +97,20 @@ pub const KEYS: &[(&str, &[(&str, Kind)])] = &[
         ],
     ),
     ("metrics", &[("listen", Kind::Str)]),
+    (
+        "messages",
+        &[
+            ("enabled", Kind::Bool),
+            ("prefixes", Kind::List),
+            ("topics", Kind::List),
+            ("prefix_regex", Kind::Str),
+            ("topic", Kind::Str),
+            ("envelope", Kind::Str),
+            ("key", Kind::Str),
+            ("non_transactional", Kind::Str),
+            ("max_bytes", Kind::Int),
+        ],
+    ),
 ];
 
 /// One key set from the environment.

@@ -319,6 +319,8 @@ mod tests {
             table: QualifiedName::parse("public.outbox").unwrap(),
             state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
             failover: true,
+            outbox: true,
+            messages: false,
         }
     }
 

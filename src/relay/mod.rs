@@ -9,6 +9,7 @@ pub mod deadletter;
 pub mod feedback;
 pub mod lag;
 pub mod liveness;
+pub mod messages;
 pub mod pipeline;
 pub mod repair;
 pub mod router;
@@ -58,6 +59,8 @@ pub enum RelayError {
     Assembly(#[from] txn::AssemblyError),
     #[error("{0}; no [dead_letter] topic is configured, so the relay stops without acknowledging it (fix the row or configure a dead-letter topic, then restart)")]
     Route(#[from] txn::RoutedRowError),
+    #[error("{0}; no [dead_letter] topic is configured, so the relay stops without acknowledging it (fix the writer, or configure a dead-letter topic, then restart)")]
+    Message(messages::MessageError),
     #[error("event at {lsn} for topic {topic:?} cannot be delivered: {reason}; no [dead_letter] topic is configured, so the relay stops without acknowledging it")]
     Undeliverable {
         topic: String,
@@ -127,6 +130,7 @@ impl RelayError {
             RelayError::Decode(_)
             | RelayError::Assembly(_)
             | RelayError::Route(_)
+            | RelayError::Message(_)
             | RelayError::Undeliverable { .. }
             | RelayError::RefusedWithoutDeadLetter { .. }
             | RelayError::DeadLetterRefused(_)

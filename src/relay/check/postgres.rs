@@ -139,6 +139,12 @@ pub fn findings(facts: &PgFacts, target: &Target<'_>) -> Vec<Finding> {
     let mut out = Vec::new();
     server(&facts.server, &mut out);
     replication_role(facts, &mut out);
+    super::messages::version(facts, target.spec, &mut out);
+    if !target.spec.outbox {
+        super::messages::table_less(facts, target.spec, &mut out);
+        super::slot::findings(facts, target, &mut out);
+        return out;
+    }
     let table = match &facts.table {
         Ok(table) => table.as_ref(),
         Err(e) => {

@@ -20,6 +20,8 @@ fn spec() -> SourceSpec {
         table: QualifiedName::parse("public.outbox").unwrap(),
         state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
         failover: true,
+        outbox: true,
+        messages: false,
     }
 }
 
