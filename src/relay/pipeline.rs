@@ -38,12 +38,13 @@ use crate::relay::deadletter::{self, DeadLetter, Refusal};
 use crate::relay::feedback::{feedback, Feedback};
 use crate::relay::lag::CommitTimes;
 use crate::relay::liveness::{Liveness, TickInput};
-use crate::relay::messages::MessageError;
 use crate::relay::router::OutboxEvent;
 use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
 use crate::relay::watch::{OutboxWatch, WatchReport};
 use crate::relay::RelayError;
 use crate::sink::{RecordTag, SendError, Sink, SinkError, SinkNotice, TopicStatus, TxnSeq};
+
+mod messages;
 
 /// `/healthz` fails when the loop has not turned for this many status intervals.
 pub(super) const HEALTHY_TICKS: u32 = 3;
@@ -308,62 +309,13 @@ impl Pipeline {
                 Metrics::add(&self.metrics.transactions, 1);
                 self.sink.flush()?;
             }
-            Step::Message { seq, event } => self.on_message(seq, event)?,
-            Step::Standalone {
-                seq,
-                event,
-                end_lsn,
-                timestamp_ms,
-            } => {
-                self.on_step(Step::Begin {
-                    seq,
-                    commit_ts_ms: timestamp_ms,
-                })?;
-                self.on_message(seq, event)?;
-                self.on_step(Step::Commit { seq, end_lsn })?;
-            }
-            Step::Refused { prefix, lsn } => {
-                Metrics::add(&self.metrics.messages_refused, 1);
-                tracing::error!(
-                    prefix = %prefix,
-                    lsn = %lsn,
-                    "non-transactional message refused: written with pg_logical_emit_message(false, ...), it is not atomic with the writer's transaction; write it with transactional = true, or set [messages] non_transactional = \"deliver\" to relay such messages (docs/messages.md)"
-                );
-            }
-            Step::Ignored => Metrics::add(&self.metrics.messages_ignored, 1),
+            Step::Message { .. }
+            | Step::Standalone { .. }
+            | Step::Refused { .. }
+            | Step::Ignored => self.on_message_step(step)?,
             Step::Nothing => {}
         }
         Ok(())
-    }
-
-    /// A relayed message of transaction `seq`: a record, or a dead letter.
-    fn on_message(
-        &mut self,
-        seq: TxnSeq,
-        event: Result<OutboxEvent, MessageError>,
-    ) -> Result<(), RelayError> {
-        Metrics::add(&self.metrics.messages, 1);
-        match event {
-            Ok(event) => self.on_step(Step::Event {
-                seq,
-                event: Ok(event),
-            }),
-            Err(error) => {
-                self.txn_had_events = true;
-                let letter = DeadLetter {
-                    reason: error.reason.clone(),
-                    source_table: format!("message:{}", error.prefix),
-                    source_lsn: error.lsn,
-                    original_topic: Some(error.topic.clone()),
-                    key: None,
-                    headers: Vec::new(),
-                    value: error.content.clone(),
-                    timestamp_ms: 0,
-                };
-                self.dead_letter_or(seq, letter, Place::Back, || RelayError::Message(error))?;
-                self.pump()
-            }
-        }
     }
 
     /// Count one routed event and queue it for its topic. An event routed to the
