@@ -341,3 +341,43 @@ fn postgresql_13_is_refused_with_the_version_named() {
         "{stderr}"
     );
 }
+
+/// `init --apply`, `check` and `run` agree on a messages-only deployment: init creates
+/// the state table, a publication without tables and the roles, and takes
+/// `pg_logical_emit_message` from PUBLIC for the app role alone; check finds nothing to
+/// fix; the relay runs on it and relays the app role's message.
+#[test]
+fn init_check_and_run_agree_on_a_table_less_deployment() {
+    let pg = PgCluster::start_with(PgOptions::default());
+    pg.batch_execute("CREATE DATABASE app");
+    let config = config(&pg, true, PREFIXES);
+    let admin = pg.url("postgres", None, "app");
+    let (status, stdout, stderr) =
+        support::relay::run_command(&["init", "--apply", "--admin-url", &admin], &config, WAIT);
+    assert!(status.success(), "init: {stdout}\n{stderr}");
+    let (status, stdout, stderr) = support::relay::run_command(&["check"], &config, WAIT);
+    assert!(status.success(), "check: {stdout}\n{stderr}");
+    assert!(
+        stdout.contains("publishes no table") || stdout.contains("will create it"),
+        "{stdout}"
+    );
+    let mut client = pg.client_db("app");
+    client.batch_execute("CREATE ROLE other LOGIN").unwrap();
+    let denied = client.batch_execute(
+        "SET ROLE other; SELECT pg_logical_emit_message(true, 'orders', 'x'); RESET ROLE",
+    );
+    assert!(
+        matches!(&denied, Err(e) if format!("{e:?}").contains("permission denied")),
+        "PUBLIC may no longer emit messages (postgres::Error shows the server's message in Debug): {denied:?}"
+    );
+    let mut client = pg.client_db("app");
+    let relay = start(&pg, &config);
+    client
+        .batch_execute(&format!(
+            "SET ROLE app_writer; {} RESET ROLE",
+            emit("orders", r#"{"id":"from-app","payload":1}"#)
+        ))
+        .unwrap();
+    let lines = sentinel(&pg, &relay, 1);
+    assert_eq!(lines[0]["headers"]["id"], "from-app");
+}
