@@ -248,3 +248,117 @@ fn protocol_violations_are_errors() {
         Err(AssemblyError::Unexpected { .. })
     ));
 }
+
+fn message(transactional: bool, lsn: u64, prefix: &str, content: &str) -> PgOutputMessage {
+    PgOutputMessage::Message {
+        xid: None,
+        flags: u8::from(transactional),
+        lsn: Lsn(lsn),
+        prefix: prefix.into(),
+        content: content.as_bytes().to_vec(),
+    }
+}
+
+fn with_messages(extra: &str, outbox_enabled: bool) -> TxnAssembler {
+    let config: crate::relay::messages::config::MessagesConfig =
+        toml::from_str(&format!("prefixes = [\"orders\"]\n{extra}")).unwrap();
+    assembler().with_messages(config.build().unwrap(), outbox_enabled)
+}
+
+#[test]
+fn transactional_messages_are_events_of_their_transaction_in_place() {
+    let mut a = with_messages("", true);
+    a.apply(
+        relation(
+            1,
+            "outbox",
+            &["id", "aggregatetype", "aggregateid", "type", "payload"],
+        ),
+        Lsn(0),
+    )
+    .unwrap();
+    a.apply(begin(), Lsn(0)).unwrap();
+    assert!(matches!(
+        a.apply(message(true, 40, "orders", r#"{"id":"m1","payload":1}"#), Lsn(40)).unwrap(),
+        Step::Message { seq: 0, event: Ok(ref e) } if e.headers[0].value.as_deref() == Some("m1")
+    ));
+    assert!(matches!(
+        a.apply(insert(1, &["e1", "Order", "o1", "T", "{}"]), Lsn(50))
+            .unwrap(),
+        Step::Event { seq: 0, .. }
+    ));
+    assert!(matches!(
+        a.apply(message(true, 60, "other", "x"), Lsn(60)).unwrap(),
+        Step::Ignored
+    ));
+    assert!(matches!(
+        a.apply(
+            message(true, 61, "orders", r#"{"payload":1,"bad":2}"#),
+            Lsn(61)
+        )
+        .unwrap(),
+        Step::Message {
+            seq: 0,
+            event: Err(_)
+        }
+    ));
+    assert!(matches!(
+        a.apply(commit(100), Lsn(100)).unwrap(),
+        Step::Commit { seq: 0, .. }
+    ));
+    assert!(matches!(
+        a.apply(message(true, 120, "orders", "x"), Lsn(120)),
+        Err(AssemblyError::OutsideTransaction { .. })
+    ));
+}
+
+#[test]
+fn non_transactional_messages_are_refused_or_stand_alone() {
+    let mut a = with_messages("", true);
+    assert!(matches!(
+        a.apply(message(false, 70, "orders", "x"), Lsn(70)).unwrap(),
+        Step::Refused { ref prefix, lsn: Lsn(70) } if prefix == "orders"
+    ));
+    assert!(matches!(
+        a.apply(message(false, 71, "other", "x"), Lsn(71)).unwrap(),
+        Step::Ignored
+    ));
+    let mut a = with_messages("non_transactional = \"deliver\"", true);
+    assert!(matches!(
+        a.apply(message(false, 70, "orders", "x"), Lsn(70)).unwrap(),
+        Step::Standalone {
+            seq: 0,
+            end_lsn: Lsn(71),
+            event: Ok(_),
+            ..
+        }
+    ));
+    assert_eq!(a.next_seq(), 1, "a transaction of its own");
+    a.apply(begin(), Lsn(0)).unwrap();
+    assert!(matches!(
+        a.apply(message(false, 80, "orders", "x"), Lsn(80)),
+        Err(AssemblyError::NonTransactionalInside { .. })
+    ));
+}
+
+#[test]
+fn without_messages_configured_messages_are_passed_over() {
+    let mut a = assembler();
+    a.apply(begin(), Lsn(0)).unwrap();
+    assert!(matches!(
+        a.apply(message(true, 40, "orders", "x"), Lsn(40)).unwrap(),
+        Step::Ignored
+    ));
+}
+
+#[test]
+fn a_table_less_assembler_takes_no_relation_for_the_outbox() {
+    let mut a = with_messages("", false);
+    a.apply(relation(1, "outbox", &["id"]), Lsn(0))
+        .expect("not a rename: there is no outbox");
+    a.apply(begin(), Lsn(0)).unwrap();
+    assert!(matches!(
+        a.apply(insert(1, &["e1"]), Lsn(10)),
+        Err(AssemblyError::ForeignRelation { .. })
+    ));
+}
