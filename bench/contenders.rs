@@ -68,6 +68,9 @@ pub struct Bench<'a> {
     pub relay_bin: PathBuf,
     pub timeout: Duration,
     pub busy_before_pct: f64,
+    /// The relay contenders run table-less: `[outbox] enabled = false`, `[messages]`
+    /// with the routed values as prefixes, the publication without tables.
+    pub table_less: bool,
 }
 
 /// The counters at the opening of a window.
@@ -350,9 +353,23 @@ impl Bench<'_> {
             "kafka-eos-per-txn" => ("kafka", "exactly_once = true\ntransaction_ms = 1\n"),
             other => (other, ""),
         };
+        let (publication, source) = if self.table_less {
+            (
+                setup::MESSAGES_PUBLICATION,
+                format!(
+                    "[outbox]\nenabled = false\n[messages]\nprefixes = {:?}\n",
+                    setup::AGGREGATE_TYPES
+                ),
+            )
+        } else {
+            (
+                PUBLICATION,
+                "[outbox]\ntable = \"public.outbox\"\n".to_owned(),
+            )
+        };
         let mut config = format!(
-            "[postgres]\nurl = \"{}\"\nslot = \"{slot}\"\npublication = \"{PUBLICATION}\"\n\
-             [outbox]\ntable = \"public.outbox\"\n[sink]\ntype = \"{kind}\"\n",
+            "[postgres]\nurl = \"{}\"\nslot = \"{slot}\"\npublication = \"{publication}\"\n\
+             {source}[sink]\ntype = \"{kind}\"\n",
             self.pg.url("postgres", None, DATABASE)
         );
         if kind == "kafka" {

@@ -30,6 +30,8 @@
 //! (d)      Debezium (Kafka Connect + Outbox Event Router) on bench_debezium
 //! (e)      polling relay, 1 and 4 workers, each on a fresh copy of the loaded table
 //! (g)      relay → Kafka on bench_large, one transaction of 1,000,000 rows
+//! (h)      the table-less outbox: the same events written with pg_logical_emit_message
+//!          (its own load, on bench_messages), relay → Kafka; WAL per event of both loads
 //! (f)      latency: writers at 1k, 5k, 20k events/s for 30 s each, commit → consumer,
 //!          for a plain producer, the relay, Debezium, the polling relay (100 ms, 1 s)
 //! out      the markdown table on stdout; results.json and chart.png in --out-dir
@@ -59,7 +61,7 @@ use report::Report;
 
 /// The contenders a run can select (`--only`).
 const CONTENDERS: &[&str] = &[
-    "ceiling", "kafka", "eos", "stdout", "debezium", "polling", "large", "latency",
+    "ceiling", "kafka", "eos", "stdout", "debezium", "polling", "large", "messages", "latency",
 ];
 
 #[derive(Debug, Parser)]
@@ -242,6 +244,7 @@ fn run(options: &Options) -> Result<(), String> {
         || selected("debezium")
         || selected("polling")
         || selected("latency")
+        || selected("messages")
         || (selected("large") && large_txn > 0);
     let kafka = needs_kafka.then(|| {
         log("starting Apache Kafka");
@@ -281,6 +284,7 @@ fn run(options: &Options) -> Result<(), String> {
         relay_bin: relay_bin.clone(),
         timeout: Duration::from_secs(options.timeout_s),
         busy_before_pct: 0.0,
+        table_less: false,
     };
     let mut measured: Vec<Measured> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -397,6 +401,38 @@ fn run(options: &Options) -> Result<(), String> {
              ran): no ratios; its peak RSS is the figure (g) asks for"
                 .to_owned(),
         );
+    }
+
+    if selected("messages") {
+        setup::create_slot(&mut bench.admin, "bench_messages");
+        log(&format!(
+            "loading {events} events as pg_logical_emit_message in transactions of {txn_sizes:?}"
+        ));
+        let messages =
+            setup::load_messages(&mut bench.admin, events, &txn_sizes, options.payload_pad);
+        bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+        bench.table_less = true;
+        let result = bench.relay(
+            "relay-messages",
+            "relay → Kafka, table-less (pg_logical_emit_message)",
+            "bench_messages",
+            "kafka",
+            messages.target,
+            events,
+        );
+        bench.table_less = false;
+        setup::drop_slot(&mut bench.admin, "bench_messages");
+        record("(h) relay, table-less outbox", result, &mut measured)?;
+        notes.push(format!(
+            "relay-messages reads its own load: the same {events} events written with \
+             pg_logical_emit_message (envelopes with id, key and type) in {:.1} s, {:.0} WAL \
+             bytes per event, against {:.1} s and {:.0} WAL bytes per event for the outbox \
+             table's load (which writes the index entries too); no ratios",
+            messages.seconds,
+            messages.wal_bytes as f64 / events as f64,
+            load.seconds,
+            load.wal_bytes as f64 / events as f64,
+        ));
     }
 
     let mut latency = Vec::new();

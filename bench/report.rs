@@ -131,7 +131,7 @@ pub fn rows(measured: &[Measured], latency: &[LatencyRun]) -> Vec<Row> {
         .map(|m| {
             let events = m.events.max(1) as f64;
             // Ratios compare readers of the same load; (g) has its own.
-            let same_load = m.id != "relay-large";
+            let same_load = !matches!(m.id.as_str(), "relay-large" | "relay-messages");
             Row {
                 events_per_second: m.events_per_second(),
                 ratio_to_ceiling: ceiling
@@ -423,7 +423,7 @@ pub fn chart_from_json(
     let throughput = report["contenders"]
         .as_array()?
         .iter()
-        .filter(|row| row["id"] != "relay-large")
+        .filter(|row| row["id"] != "relay-large" && row["id"] != "relay-messages")
         .map(|row| {
             Some(outbox_relay_harness::chart::Throughput {
                 name: row["name"].as_str()?.to_owned(),

@@ -65,6 +65,45 @@ BEGIN
 END $$;
 ";
 
+/// `CALL bench_load_messages(total, sizes, pad)`: the same events as `bench_load`, in
+/// the same transactions, written with `pg_logical_emit_message` (the table-less
+/// outbox) as envelopes carrying the id, key and type the table's columns carry;
+/// prefix = the routed value. Returns `pg_current_wal_lsn()` after the last commit.
+const MESSAGES_LOAD_SQL: &str = "
+CREATE PROCEDURE bench_load_messages(total bigint, sizes int[], pad int, INOUT target pg_lsn DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE
+    block int := (SELECT max(s) FROM unnest(sizes) AS s);
+    done bigint := 0;
+    size int;
+    k bigint;
+    n bigint;
+BEGIN
+    WHILE done < total LOOP
+        FOREACH size IN ARRAY sizes LOOP
+            k := 0;
+            WHILE k < block AND done < total LOOP
+                n := least(size, block - k, total - done);
+                PERFORM pg_logical_emit_message(true, (ARRAY['order', 'customer', 'payment'])[1 + g % 3],
+                       json_build_object('id', gen_random_uuid(), 'key', 'agg-' || (g % 10000),
+                                         'headers', json_build_object('type', 'Created'),
+                                         'payload', jsonb_build_object('seq', g, 'customer', 'customer-' || (g % 1000),
+                                                                       'total', (g % 1000) * 1.5, 'note', repeat('x', pad)))::text)
+                FROM generate_series(done + 1, done + n) AS g;
+                COMMIT;
+                done := done + n;
+                k := k + n;
+            END LOOP;
+        END LOOP;
+    END LOOP;
+    target := pg_current_wal_lsn();
+END $$;
+";
+
+/// The publication of the table-less contender: no table (messages are not filtered by
+/// publication; pgoutput needs one to start).
+pub const MESSAGES_PUBLICATION: &str = "bench_messages";
+
 /// Starts the cluster: the harness's settings (fsync=off among them) plus
 /// autovacuum=off (no background work inside a measurement) and a large max_wal_size
 /// (no checkpoint forced by WAL volume).
@@ -82,6 +121,12 @@ pub fn start_postgres() -> PgCluster {
         .batch_execute(OUTBOX_SQL)
         .and_then(|()| client.batch_execute(POLLING_COLUMNS_SQL))
         .and_then(|()| client.batch_execute(LOAD_SQL))
+        .and_then(|()| client.batch_execute(MESSAGES_LOAD_SQL))
+        .and_then(|()| {
+            client.batch_execute(&format!(
+                "CREATE PUBLICATION {MESSAGES_PUBLICATION} WITH (publish = 'insert')"
+            ))
+        })
         .and_then(|()| {
             client.batch_execute(&format!(
                 "CREATE PUBLICATION {PUBLICATION} FOR TABLE public.outbox \
@@ -137,6 +182,21 @@ pub struct Load {
 /// Runs `bench_load` and takes a CHECKPOINT after it (so dirty buffers of the load are
 /// not written inside a contender's window).
 pub fn load(client: &mut Client, events: u64, txn_sizes: &[u32], pad: u32) -> Load {
+    load_with(client, "bench_load", events, txn_sizes, pad)
+}
+
+/// [`load`] of the same events as messages (`bench_load_messages`).
+pub fn load_messages(client: &mut Client, events: u64, txn_sizes: &[u32], pad: u32) -> Load {
+    load_with(client, "bench_load_messages", events, txn_sizes, pad)
+}
+
+fn load_with(
+    client: &mut Client,
+    procedure: &str,
+    events: u64,
+    txn_sizes: &[u32],
+    pad: u32,
+) -> Load {
     let before = wal_lsn(client);
     let sizes = txn_sizes
         .iter()
@@ -148,7 +208,7 @@ pub fn load(client: &mut Client, events: u64, txn_sizes: &[u32], pad: u32) -> Lo
     // protocol's implicit transaction. Only numbers are pasted in.
     let target_lsn = first_value(
         client,
-        &format!("CALL bench_load({events}, ARRAY[{sizes}], {pad})"),
+        &format!("CALL {procedure}({events}, ARRAY[{sizes}], {pad})"),
     );
     let seconds = started.elapsed().as_secs_f64();
     client

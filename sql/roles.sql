@@ -7,6 +7,11 @@
 --   CREATE PUBLICATION outbox_relay FOR TABLE public.outbox WITH (publish = 'insert');
 CREATE ROLE outbox_relay LOGIN REPLICATION PASSWORD 'change-me';
 GRANT SELECT ON public.outbox TO outbox_relay;
+-- Two relay instances (one streams, one waits): when the streaming one's host vanishes,
+-- the waiting one sees its walsender's reply_time stand still (pg_read_all_stats) and
+-- ends it, instead of waiting for wal_sender_timeout. Ending a walsender of the same
+-- role needs nothing more; instances under different roles also need pg_signal_backend.
+GRANT pg_read_all_stats TO outbox_relay;
 
 -- The relay's record of its slot: that it streamed from it, and its acknowledged
 -- position, so a lost slot is never silently replaced (README, "Operating it"). The

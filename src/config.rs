@@ -26,6 +26,7 @@ use serde::Deserialize;
 
 use crate::metrics::MetricsConfig;
 use crate::pg::config::PostgresConfig;
+use crate::relay::messages::config::MessagesConfig;
 use crate::relay::router::config::OutboxConfig;
 use crate::relay::settings::{DeadLetterConfig, RelayConfig, Settings};
 use crate::sink::kafka_config::KafkaConfig;
@@ -50,6 +51,9 @@ pub struct Config {
     pub dead_letter: Option<DeadLetterConfig>,
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
+    /// The table-less outbox (`pg_logical_emit_message`).
+    #[serde(default)]
+    pub messages: Option<MessagesConfig>,
 }
 
 /// Why the configuration cannot be used.
@@ -178,6 +182,27 @@ impl Config {
         if let Some(metrics) = &self.metrics {
             problems.extend(metrics.problems());
         }
+        let messages = match &self.messages {
+            Some(messages) => messages
+                .build()
+                .map_err(|message_problems| problems.extend(message_problems))
+                .ok()
+                .flatten(),
+            None => None,
+        };
+        if !self.outbox.enabled && messages.is_none() && problems.is_empty() {
+            problems.push(
+                "outbox.enabled: false leaves nothing to relay; configure a [messages] section (the table-less outbox) or enable the outbox table".into(),
+            );
+        }
+        if let (Some(messages), Some(dead_letter)) = (&messages, &self.dead_letter) {
+            if messages.fixed_topics().any(|t| t == dead_letter.topic) {
+                problems.push(format!(
+                    "messages.topics: a prefix is routed to {:?}, the [dead_letter] topic, where its records would be taken for dead letters; choose another topic",
+                    dead_letter.topic
+                ));
+            }
+        }
         problems.extend(self.relay.problems());
         match (outbox, source, sink) {
             (Some(outbox), Some((connect, state_table)), Some(sink)) if problems.is_empty() => {
@@ -191,6 +216,8 @@ impl Config {
                     dead_letter_topic: self.dead_letter.map(|d| d.topic),
                     relay: self.relay,
                     metrics: self.metrics,
+                    outbox_enabled: self.outbox.enabled,
+                    messages,
                 })
             }
             _ => Err(problems),

@@ -20,6 +20,7 @@ pub const TRANSACTIONS_TOTAL: &str = "outbox_relay_transactions_total";
 pub const RESTARTS_TOTAL: &str = "outbox_relay_restarts_total";
 pub const KAFKA_TRANSACTIONS_TOTAL: &str = "outbox_relay_kafka_transactions_total";
 pub const SKIPPED_COMMITTED_TOTAL: &str = "outbox_relay_skipped_committed_total";
+pub const TAKEOVERS_TOTAL: &str = "outbox_relay_takeovers_total";
 pub const IN_FLIGHT: &str = "outbox_relay_in_flight_events";
 pub const FLUSH_LSN: &str = "outbox_relay_flush_lsn";
 pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
@@ -30,6 +31,9 @@ pub const REPLICATION_LAG_SECONDS: &str = "outbox_relay_replication_lag_seconds"
 pub const STREAMING: &str = "outbox_relay_streaming";
 pub const DELIVERY_LATENCY_SECONDS: &str = "outbox_relay_commit_to_delivery_seconds";
 pub const TOPIC_DELIVERED_TOTAL: &str = "outbox_relay_topic_delivered_total";
+pub const MESSAGES_TOTAL: &str = "outbox_relay_messages_total";
+pub const MESSAGES_REFUSED_TOTAL: &str = "outbox_relay_messages_refused_total";
+pub const MESSAGES_IGNORED_TOTAL: &str = "outbox_relay_messages_ignored_total";
 pub const TOPIC_DEAD_LETTERED_TOTAL: &str = "outbox_relay_topic_dead_lettered_total";
 
 /// Upper bounds (seconds) of the commit-to-delivery histogram's buckets: from a few
@@ -66,11 +70,19 @@ pub struct Metrics {
     pub events: AtomicU64,
     pub dead_lettered: AtomicU64,
     pub transactions: AtomicU64,
+    /// Logical decoding messages of relayed prefixes (records or dead letters).
+    pub messages: AtomicU64,
+    /// Non-transactional messages of relayed prefixes refused.
+    pub messages_refused: AtomicU64,
+    /// Messages whose prefix is not relayed.
+    pub messages_ignored: AtomicU64,
     pub restarts: AtomicU64,
     /// Kafka transactions committed (exactly-once).
     pub kafka_transactions: AtomicU64,
     /// Replayed events skipped because Kafka's checkpoint has them (exactly-once).
     pub skipped_committed: AtomicU64,
+    /// Walsenders of a silent relay this standby ended to take the slot over.
+    pub takeovers: AtomicU64,
     pub in_flight: AtomicU64,
     pub flush_lsn: AtomicU64,
     pub received_lsn: AtomicU64,
@@ -232,6 +244,24 @@ impl Metrics {
                 get(&self.transactions),
             ),
             (
+                MESSAGES_TOTAL,
+                "counter",
+                "Logical decoding messages of relayed prefixes (the table-less outbox), each a record or a dead letter.",
+                get(&self.messages),
+            ),
+            (
+                MESSAGES_REFUSED_TOTAL,
+                "counter",
+                "Non-transactional messages of relayed prefixes refused (messages.non_transactional = refuse).",
+                get(&self.messages_refused),
+            ),
+            (
+                MESSAGES_IGNORED_TOTAL,
+                "counter",
+                "Logical decoding messages whose prefix is not relayed.",
+                get(&self.messages_ignored),
+            ),
+            (
                 RESTARTS_TOTAL,
                 "counter",
                 "Pipeline restarts after retryable errors.",
@@ -248,6 +278,12 @@ impl Metrics {
                 "counter",
                 "Replayed events skipped because the exactly-once checkpoint shows them committed in Kafka.",
                 get(&self.skipped_committed),
+            ),
+            (
+                TAKEOVERS_TOTAL,
+                "counter",
+                "Walsenders of a silent relay this standby ended to take the slot over.",
+                get(&self.takeovers),
             ),
             (
                 IN_FLIGHT,
@@ -420,11 +456,11 @@ mod tests {
             text.contains(&format!("{FLUSH_LSN} 4294967296\n")),
             "{text}"
         );
-        // 13 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
+        // 17 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
         // per-topic series before any delivery.
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
-            13 + 1 + 17
+            17 + 1 + 17
         );
     }
 
@@ -524,9 +560,13 @@ mod tests {
                 "outbox_relay_events_total counter",
                 "outbox_relay_dead_lettered_total counter",
                 "outbox_relay_transactions_total counter",
+                "outbox_relay_messages_total counter",
+                "outbox_relay_messages_refused_total counter",
+                "outbox_relay_messages_ignored_total counter",
                 "outbox_relay_restarts_total counter",
                 "outbox_relay_kafka_transactions_total counter",
                 "outbox_relay_skipped_committed_total counter",
+                "outbox_relay_takeovers_total counter",
                 "outbox_relay_in_flight_events gauge",
                 "outbox_relay_flush_lsn gauge",
                 "outbox_relay_received_lsn gauge",

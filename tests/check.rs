@@ -224,6 +224,22 @@ fn a_healthy_setup_passes_and_the_check_changes_nothing() {
             checked.stdout
         );
     }
+    // The README's role cannot see another walsender's reply_time: a standby could not
+    // take over from a silent relay before wal_sender_timeout.
+    assert!(
+        found
+            .iter()
+            .any(|(status, found)| found == "postgres.takeover" && status == "warning"),
+        "postgres.takeover warning:\n{}",
+        checked.stdout
+    );
+    assert!(
+        checked
+            .stdout
+            .contains("GRANT pg_read_all_stats TO \"relay\""),
+        "{}",
+        checked.stdout
+    );
     // The URL is shown, redacted.
     assert!(
         checked.stdout.contains("postgres://relay:***@127.0.0.1"),

@@ -53,6 +53,7 @@ pub const KEYS: &[(&str, &[(&str, Kind)])] = &[
             ("publication", Kind::Str),
             ("status_interval_ms", Kind::Int),
             ("receive_timeout_ms", Kind::Int),
+            ("takeover_silence_ms", Kind::Int),
             ("state_table", Kind::Str),
             ("failover_slot", Kind::Bool),
         ],
@@ -60,6 +61,7 @@ pub const KEYS: &[(&str, &[(&str, Kind)])] = &[
     (
         "outbox",
         &[
+            ("enabled", Kind::Bool),
             ("table", Kind::Str),
             ("id_column", Kind::Str),
             ("key_column", Kind::Str),
@@ -100,6 +102,20 @@ pub const KEYS: &[(&str, &[(&str, Kind)])] = &[
         ],
     ),
     ("metrics", &[("listen", Kind::Str)]),
+    (
+        "messages",
+        &[
+            ("enabled", Kind::Bool),
+            ("prefixes", Kind::List),
+            ("topics", Kind::List),
+            ("prefix_regex", Kind::Str),
+            ("topic", Kind::Str),
+            ("envelope", Kind::Str),
+            ("key", Kind::Str),
+            ("non_transactional", Kind::Str),
+            ("max_bytes", Kind::Int),
+        ],
+    ),
 ];
 
 /// One key set from the environment.

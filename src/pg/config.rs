@@ -17,6 +17,9 @@ pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
 /// Upper bound of the status update interval; the actual interval is also kept under a
 /// third of the server's `wal_sender_timeout`.
 pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 10_000;
+/// `takeover_silence_ms` may not be shorter than this many status intervals: a standby
+/// would end a healthy relay's walsender between two of its status updates.
+pub const MIN_TAKEOVER_SILENCE_INTERVALS: u64 = 2;
 /// PostgreSQL's limit on identifiers (NAMEDATALEN - 1), slot names included.
 const MAX_SLOT_NAME_BYTES: usize = 63;
 
@@ -45,6 +48,12 @@ pub struct PostgresConfig {
     /// asked to reply; unset = the server's `wal_sender_timeout` (60 s when disabled).
     #[serde(default)]
     pub receive_timeout_ms: Option<u64>,
+    /// A standby waiting for the slot ends the streaming relay's walsender once that
+    /// relay has sent no status update for this long (its host vanished without closing
+    /// the connection); unset = three status intervals, 0 = never (PostgreSQL ends it
+    /// after `wal_sender_timeout`).
+    #[serde(default)]
+    pub takeover_silence_ms: Option<u64>,
     /// The table where the relay records its slot (that it streamed from it, and the
     /// last acknowledged position), so a lost slot is never silently replaced. Default:
     /// `outbox_relay_state` in the outbox's schema.
@@ -135,6 +144,17 @@ impl PostgresConfig {
         if self.receive_timeout_ms == Some(0) {
             problems.push("postgres.receive_timeout_ms: must be greater than 0".into());
         }
+        if let Some(silence) = self.takeover_silence_ms.filter(|ms| *ms > 0) {
+            let least = self
+                .status_interval_ms
+                .saturating_mul(MIN_TAKEOVER_SILENCE_INTERVALS);
+            if silence < least {
+                problems.push(format!(
+                    "postgres.takeover_silence_ms: must be 0 (off) or at least {MIN_TAKEOVER_SILENCE_INTERVALS} status intervals ({least} ms with status_interval_ms = {}): a healthy relay reports once per status interval",
+                    self.status_interval_ms
+                ));
+            }
+        }
         let state_table = match (&self.state_table, table) {
             (Some(name), _) => QualifiedName::parse(name)
                 .map_err(|e| problems.push(format!("postgres.state_table: {e}")))
@@ -200,5 +220,25 @@ mod tests {
                 .starts_with("postgres.url: cannot read sslrootcert file /nonexistent/ca.pem"),
             "{problems:?}"
         );
+    }
+
+    #[test]
+    fn a_takeover_silence_shorter_than_two_status_intervals_is_refused() {
+        let table = QualifiedName::parse("public.outbox").unwrap();
+        let checked = |extra: &str| {
+            let config: PostgresConfig =
+                toml::from_str(&format!("url = \"postgres://u@h/app\"\n{extra}")).unwrap();
+            config.check(Some(&table), None).map(drop)
+        };
+        assert!(checked("").is_ok());
+        assert!(checked("takeover_silence_ms = 0").is_ok());
+        assert!(checked("takeover_silence_ms = 20000").is_ok());
+        let problems = checked("takeover_silence_ms = 19999").unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("postgres.takeover_silence_ms: must be 0 (off) or at least 2 status intervals (20000 ms"),
+            "{problems:?}"
+        );
+        assert!(checked("status_interval_ms = 200\ntakeover_silence_ms = 400").is_ok());
     }
 }

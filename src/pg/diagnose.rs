@@ -98,6 +98,10 @@ pub enum SetupError {
         /// The server's own message (an ERROR up to 17, a WARNING from 18 on).
         server_said: String,
     },
+    /// Another process streams from the slot (seen before anything was written: a
+    /// relay waiting for the slot changes nothing).
+    #[error("replication slot {slot:?} is active for PID {pid}")]
+    SlotActive { slot: String, pid: i32 },
     #[error("{0}")]
     Definite(String),
     #[error(transparent)]
@@ -108,7 +112,9 @@ impl SetupError {
     /// Whether a new attempt (with backoff) can outlive this error.
     pub fn is_transient(&self) -> bool {
         match self {
-            SetupError::InRecovery | SetupError::SlotMissing { .. } => true,
+            SetupError::InRecovery
+            | SetupError::SlotMissing { .. }
+            | SetupError::SlotActive { .. } => true,
             SetupError::Pg(pg) => pg.is_transient(),
             _ => false,
         }
@@ -313,6 +319,8 @@ mod tests {
             table: QualifiedName::parse("public.outbox").unwrap(),
             state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
             failover: true,
+            outbox: true,
+            messages: false,
         }
     }
 

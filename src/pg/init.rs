@@ -9,6 +9,9 @@
 //! relay role       LOGIN REPLICATION; SELECT on the outbox; its state table
 //! app role         may only INSERT into the outbox (the seed lesson: an application
 //!                  can publish events but never rewrite or delete them)
+//! messages         with [messages]: pg_logical_emit_message executable by the app role
+//!                  only (PUBLIC may execute it by default); with [outbox] enabled =
+//!                  false no outbox table, and a publication without tables
 //! ```
 //!
 //! Roles are created without passwords: set them with `ALTER ROLE … PASSWORD` (or
@@ -26,6 +29,10 @@ pub struct InitSpec {
     pub partitioned: bool,
     pub relay_role: String,
     pub app_role: String,
+    /// The outbox table is relayed (`[outbox] enabled`).
+    pub outbox: bool,
+    /// The table-less outbox is relayed (`[messages]`).
+    pub messages: bool,
 }
 
 /// The whole script.
@@ -35,6 +42,9 @@ pub fn setup_sql(spec: &InitSpec) -> String {
     let relay = quote_ident(&spec.relay_role);
     let app = quote_ident(&spec.app_role);
     let mut sql = String::new();
+    if !spec.outbox {
+        return table_less_sql(spec);
+    }
     sql.push_str(&format!(
         "-- outbox-relay set-up for {}: safe to run again.\n\n",
         spec.table
@@ -76,12 +86,60 @@ pub fn setup_sql(spec: &InitSpec) -> String {
          GRANT INSERT ON {table} TO {app};\n",
         create_role_sql(&spec.app_role, "LOGIN"),
     ));
+    if spec.messages {
+        sql.push_str(&emit_message_grants_sql(&spec.app_role));
+    }
     sql.push_str(&format!(
         "\n-- Set the passwords (not kept in this script):\n\
          --   ALTER ROLE {relay} PASSWORD '...';\n\
          --   ALTER ROLE {app} PASSWORD '...';\n"
     ));
     sql
+}
+
+/// A messages-only set-up: state table, a publication without tables (pgoutput needs
+/// one to start), the relay role, the app role that may emit messages.
+fn table_less_sql(spec: &InitSpec) -> String {
+    let relay = quote_ident(&spec.relay_role);
+    let app = quote_ident(&spec.app_role);
+    format!(
+        "-- outbox-relay set-up without an outbox table (messages only): safe to run again.\n\n\
+         -- The relay's record of its slot (a lost slot is never silently replaced).\n{};\n\n\
+         -- No table: pgoutput needs a publication to start; messages are not filtered by it.\n\
+         DO $$ BEGIN\n  IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = {}) THEN\n    \
+         CREATE PUBLICATION {} WITH (publish = 'insert');\n  END IF;\nEND $$;\n\n\
+         -- The relay: streams the WAL (REPLICATION), keeps its record.\n{}\n\
+         GRANT USAGE ON SCHEMA {} TO {relay};\n\
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {relay};\n\n\
+         -- The application: writes events with pg_logical_emit_message.\n{}\n{}\n\
+         -- Set the passwords (not kept in this script):\n\
+         --   ALTER ROLE {relay} PASSWORD '...';\n\
+         --   ALTER ROLE {app} PASSWORD '...';\n",
+        state::create_table_sql(&spec.state_table),
+        quote_literal(&spec.publication),
+        quote_ident(&spec.publication),
+        create_role_sql(&spec.relay_role, "LOGIN REPLICATION"),
+        quote_ident(&spec.state_table.schema),
+        spec.state_table.quoted(),
+        create_role_sql(&spec.app_role, "LOGIN"),
+        emit_message_grants_sql(&spec.app_role),
+    )
+}
+
+/// `pg_logical_emit_message` is executable by PUBLIC by default: any role could make the
+/// relay publish. Every form of it (PostgreSQL 17 added a `flush` argument) is taken
+/// from PUBLIC and given to the app role.
+fn emit_message_grants_sql(app_role: &str) -> String {
+    format!(
+        "\n-- Only the application may write events as messages (PUBLIC may by default).\n\
+         DO $$\nDECLARE\n  f regprocedure;\nBEGIN\n  \
+         FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p\n           \
+         WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace LOOP\n    \
+         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);\n    \
+         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f, {});\n  \
+         END LOOP;\nEND $$;\n",
+        quote_literal(app_role)
+    )
 }
 
 fn create_role_sql(role: &str, attributes: &str) -> String {
@@ -142,7 +200,40 @@ mod tests {
             partitioned,
             relay_role: "outbox_relay".into(),
             app_role: "app_writer".into(),
+            outbox: true,
+            messages: false,
         }
+    }
+
+    #[test]
+    fn a_table_less_set_up_has_no_table_and_restricts_emitting_messages() {
+        let mut table_less = spec(false);
+        table_less.outbox = false;
+        table_less.messages = true;
+        let sql = setup_sql(&table_less);
+        assert!(
+            !sql.contains("CREATE TABLE IF NOT EXISTS \"public\".\"outbox\""),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("CREATE PUBLICATION \"outbox_relay\" WITH (publish = 'insert');"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC"),
+            "{sql}"
+        );
+        assert!(sql.contains("f, 'app_writer')"), "{sql}");
+        assert!(
+            sql.contains("CREATE TABLE IF NOT EXISTS \"public\".\"outbox_relay_state\""),
+            "{sql}"
+        );
+        // With the table too: both.
+        let mut both = spec(false);
+        both.messages = true;
+        let sql = setup_sql(&both);
+        assert!(sql.contains("FOR TABLE \"public\".\"outbox\""), "{sql}");
+        assert!(sql.contains("REVOKE EXECUTE ON FUNCTION"), "{sql}");
     }
 
     #[test]

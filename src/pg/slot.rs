@@ -21,7 +21,15 @@ pub struct SourceSpec {
     pub state_table: QualifiedName,
     /// Make the slot a failover slot where the server supports it (PostgreSQL 17+).
     pub failover: bool,
+    /// The outbox table is relayed; `false`: a table-less deployment (messages only),
+    /// whose publication publishes no table.
+    pub outbox: bool,
+    /// Ask pgoutput for logical decoding messages (`messages 'true'`, PostgreSQL 14+).
+    pub messages: bool,
 }
+
+/// PostgreSQL 14 (`server_version_num`) brought pgoutput's `messages` option.
+pub const MESSAGES_SINCE: u32 = 140_000;
 
 /// The result of [`prepare`].
 #[derive(Debug, Clone)]
@@ -84,6 +92,87 @@ pub async fn prepare(
         .and_then(|t| t.parse().ok())
         .unwrap_or(0);
 
+    if spec.messages && version_num < MESSAGES_SINCE {
+        return Err(definite(format!(
+            "PostgreSQL {server_version} cannot send logical decoding messages to the relay: pgoutput's messages option (for [messages], the table-less outbox) needs PostgreSQL 14 or later; upgrade PostgreSQL, or remove [messages] (set enabled = false) and relay the outbox table"
+        )));
+    }
+
+    let (outbox_oid, outbox_partitioned) = if spec.outbox {
+        outbox_relation(conn, spec, &server_version, version_num).await?
+    } else {
+        // Table-less: no relation is the outbox (0 is no relation's id).
+        (0, false)
+    };
+
+    // Another process streams from the slot: stop here, before anything is written (a
+    // standby retrying every 100-200 ms must not touch the database).
+    if let Some(pid) = active_pid(conn, &spec.slot).await? {
+        return Err(SetupError::SlotActive {
+            slot: spec.slot.clone(),
+            pid,
+        });
+    }
+    let publication_created = ensure_publication(conn, spec, outbox_partitioned).await?;
+    state::ensure_table(conn, &spec.state_table)
+        .await
+        .map_err(SetupError::Definite)?;
+    let failover_slot = spec.failover && version_num >= FAILOVER_SLOTS_SINCE;
+    let (slot_lsn, slot_created) = ensure_slot(conn, spec, &system_id, failover_slot).await?;
+    if failover_slot {
+        warn_without_synchronized_standbys(conn, &spec.slot).await?;
+    }
+    // From here on the slot is streamed from: losing it loses events. Written once, not
+    // at every start (an UPDATE to the same values is a write all the same).
+    let recorded = state::read(conn, &spec.state_table, &spec.slot).await?;
+    if !recorded.as_ref().is_some_and(state::SlotRecord::streamed) {
+        conn.simple_query(&state::streaming_sql(
+            &spec.state_table,
+            &spec.slot,
+            &system_id,
+        ))
+        .await?;
+    }
+
+    let timeout = conn.simple_query("SHOW wal_sender_timeout").await?;
+    let wal_sender_timeout = timeout
+        .rows
+        .first()
+        .and_then(|r| r.first().cloned().flatten())
+        .and_then(|text| parse_pg_duration(&text));
+
+    Ok(PreparedSource {
+        system_id,
+        timeline,
+        slot_lsn,
+        slot_created,
+        publication_created,
+        wal_sender_timeout,
+        server_version,
+        outbox_oid,
+        outbox_partitioned,
+        failover_slot,
+    })
+}
+
+/// The process streaming from `slot`, if any.
+pub async fn active_pid(conn: &mut PgConnection, slot: &str) -> Result<Option<i32>, PgError> {
+    let found = conn
+        .simple_query(&format!(
+            "SELECT active_pid FROM pg_catalog.pg_replication_slots WHERE slot_name = {} AND active_pid IS NOT NULL",
+            quote_literal(slot)
+        ))
+        .await?;
+    Ok(found.get(0, "active_pid").and_then(|pid| pid.parse().ok()))
+}
+
+/// The outbox table's relation id and whether it is partitioned.
+async fn outbox_relation(
+    conn: &mut PgConnection,
+    spec: &SourceSpec,
+    server_version: &str,
+    version_num: u32,
+) -> Result<(u32, bool), SetupError> {
     let table = &spec.table;
     let exists = conn
         .simple_query(&format!(
@@ -117,42 +206,7 @@ pub async fn prepare(
         )));
     }
 
-    let publication_created = ensure_publication(conn, spec, outbox_partitioned).await?;
-    state::ensure_table(conn, &spec.state_table)
-        .await
-        .map_err(SetupError::Definite)?;
-    let failover_slot = spec.failover && version_num >= FAILOVER_SLOTS_SINCE;
-    let (slot_lsn, slot_created) = ensure_slot(conn, spec, &system_id, failover_slot).await?;
-    if failover_slot {
-        warn_without_synchronized_standbys(conn, &spec.slot).await?;
-    }
-    // From here on the slot is streamed from: losing it loses events.
-    conn.simple_query(&state::streaming_sql(
-        &spec.state_table,
-        &spec.slot,
-        &system_id,
-    ))
-    .await?;
-
-    let timeout = conn.simple_query("SHOW wal_sender_timeout").await?;
-    let wal_sender_timeout = timeout
-        .rows
-        .first()
-        .and_then(|r| r.first().cloned().flatten())
-        .and_then(|text| parse_pg_duration(&text));
-
-    Ok(PreparedSource {
-        system_id,
-        timeline,
-        slot_lsn,
-        slot_created,
-        publication_created,
-        wal_sender_timeout,
-        server_version,
-        outbox_oid,
-        outbox_partitioned,
-        failover_slot,
-    })
+    Ok((outbox_oid, outbox_partitioned))
 }
 
 /// The server's `server_version_num` (e.g. 170004), 0 when it cannot be read.
@@ -201,6 +255,14 @@ pub fn create_publication_sql(spec: &SourceSpec, partitioned: bool) -> String {
     } else {
         "publish = 'insert'"
     };
+    if !spec.outbox {
+        // Table-less: pgoutput needs a publication to start, and this one publishes no
+        // table; messages are not filtered by publication.
+        return format!(
+            "CREATE PUBLICATION {} WITH ({options})",
+            quote_ident(&spec.publication)
+        );
+    }
     format!(
         "CREATE PUBLICATION {} FOR TABLE {} WITH ({options})",
         quote_ident(&spec.publication),
@@ -253,6 +315,23 @@ async fn ensure_publication(
             "publication {publication:?} publishes the partitioned outbox {table} under its partitions' names, so the relay would not see its rows as events: run ALTER PUBLICATION {} SET (publish_via_partition_root = true), then restart the relay",
             quote_ident(publication)
         )));
+    }
+    if !spec.outbox {
+        let tables = conn
+            .simple_query(&format!(
+                "SELECT schemaname, tablename FROM pg_catalog.pg_publication_tables WHERE pubname = {} LIMIT 1",
+                quote_literal(publication)
+            ))
+            .await?;
+        if let (Some(schema), Some(name)) =
+            (tables.get(0, "schemaname"), tables.get(0, "tablename"))
+        {
+            return Err(definite(format!(
+                "publication {publication:?} publishes table {schema}.{name}, and [outbox] enabled = false relays only messages: the relay would stop at its first insert. Use a publication without tables (CREATE PUBLICATION {} WITH (publish = 'insert') under another name, set as [postgres] publication), or drop the tables from it",
+                quote_ident(&format!("{publication}_messages"))
+            )));
+        }
+        return Ok(false);
     }
     let includes = conn
         .simple_query(&format!(
@@ -393,10 +472,15 @@ fn check_existing_slot(found: &QueryResult, slot: &str) -> Result<(), SetupError
 /// after it committed).
 pub fn start_replication_command(spec: &SourceSpec, from: Lsn) -> String {
     format!(
-        "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
+        "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {}{})",
         quote_ident(&spec.slot),
         from,
-        quote_literal(&quote_ident(&spec.publication))
+        quote_literal(&quote_ident(&spec.publication)),
+        if spec.messages {
+            ", messages 'true'"
+        } else {
+            ""
+        }
     )
 }
 
@@ -431,6 +515,8 @@ mod tests {
             table: QualifiedName::parse("public.outbox").unwrap(),
             state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
             failover: true,
+            outbox: true,
+            messages: false,
         };
         assert_eq!(
             start_replication_command(&spec, Lsn(0x1_0000_0010)),

@@ -82,14 +82,16 @@ pub fn created_sql(table: &QualifiedName, slot: &str, system_identifier: &str) -
     )
 }
 
-/// Streaming from the slot begins (the first time sets `first_streamed_at`). Also
-/// creates the record of a slot made before the relay kept records.
+/// Streaming from the slot begins: sets `first_streamed_at` when it is not set yet. Also
+/// creates the record of a slot made before the relay kept records. Run only when the
+/// record does not say so already ([`read`] first): a row the `WHERE` leaves alone is
+/// still locked.
 pub fn streaming_sql(table: &QualifiedName, slot: &str, system_identifier: &str) -> String {
     format!(
         "INSERT INTO {} (slot_name, system_identifier, created_at, first_streamed_at) \
          VALUES ({}, {}, now(), now()) \
-         ON CONFLICT (slot_name) DO UPDATE SET \
-         first_streamed_at = coalesce({}.first_streamed_at, now())",
+         ON CONFLICT (slot_name) DO UPDATE SET first_streamed_at = now() \
+         WHERE {}.first_streamed_at IS NULL",
         table.quoted(),
         quote_literal(slot),
         quote_literal(system_identifier),

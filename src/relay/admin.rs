@@ -32,6 +32,8 @@ pub fn init_script(
         partitioned,
         relay_role: relay_role.to_owned(),
         app_role: app_role.to_owned(),
+        outbox: settings.outbox_enabled,
+        messages: settings.messages.is_some(),
     })
 }
 

@@ -9,11 +9,13 @@ pub mod deadletter;
 pub mod feedback;
 pub mod lag;
 pub mod liveness;
+pub mod messages;
 pub mod pipeline;
 pub mod repair;
 pub mod router;
 pub mod run;
 pub mod settings;
+pub mod takeover;
 pub mod txn;
 pub mod watch;
 
@@ -33,6 +35,13 @@ pub mod log {
     /// and only its first events are committed; the rest is sent.
     pub const RESUMING_SPLIT: &str =
         "exactly-once: resuming a transaction split over Kafka transactions after its committed events";
+    /// Another process streams from the slot: this relay waits as the standby (said
+    /// once each time it starts waiting).
+    pub const WAITING_FOR_SLOT: &str =
+        "replication slot is in use by another process; waiting to take over";
+    /// A standby ends the walsender of a relay that went silent, to take the slot over.
+    pub const TAKING_OVER: &str =
+        "the relay streaming from the slot is silent: ending its walsender to take over";
 }
 
 use crate::pg::conn::PgError;
@@ -54,6 +63,8 @@ pub enum RelayError {
     Assembly(#[from] txn::AssemblyError),
     #[error("{0}; no [dead_letter] topic is configured, so the relay stops without acknowledging it (fix the row or configure a dead-letter topic, then restart)")]
     Route(#[from] txn::RoutedRowError),
+    #[error("{0}; no [dead_letter] topic is configured, so the relay stops without acknowledging it (fix the writer, or configure a dead-letter topic, then restart)")]
+    Message(messages::MessageError),
     #[error("event at {lsn} for topic {topic:?} cannot be delivered: {reason}; no [dead_letter] topic is configured, so the relay stops without acknowledging it")]
     Undeliverable {
         topic: String,
@@ -101,7 +112,11 @@ impl RelayError {
     /// Whether PostgreSQL refused the slot because another process streams from it
     /// (a standby relay waiting to take over).
     pub fn slot_in_use(&self) -> bool {
-        matches!(self, RelayError::Pg(PgError::Db(db)) if db.code == SLOT_IN_USE)
+        match self {
+            RelayError::Pg(PgError::Db(db)) => db.code == SLOT_IN_USE,
+            RelayError::Setup(setup) => matches!(**setup, SetupError::SlotActive { .. }),
+            _ => false,
+        }
     }
 
     /// Retryable errors restart the pipeline (with backoff) from the slot's
@@ -119,6 +134,7 @@ impl RelayError {
             RelayError::Decode(_)
             | RelayError::Assembly(_)
             | RelayError::Route(_)
+            | RelayError::Message(_)
             | RelayError::Undeliverable { .. }
             | RelayError::RefusedWithoutDeadLetter { .. }
             | RelayError::DeadLetterRefused(_)

@@ -45,6 +45,8 @@ use crate::relay::RelayError;
 use crate::sink::checkpoint::{skip_for, Checkpoint, Skip};
 use crate::sink::{RecordTag, SendError, Sink, SinkError, SinkNotice, TopicStatus, TxnSeq};
 
+mod messages;
+
 /// `/healthz` fails when the loop has not turned for this many status intervals.
 pub(super) const HEALTHY_TICKS: u32 = 3;
 /// How long closing the connection politely may take at shutdown.
@@ -310,13 +312,7 @@ impl Pipeline {
                 };
                 self.sink.transaction_begin(final_lsn, skipped);
             }
-            Step::Event { .. } if self.skip_left > 0 => {
-                // Kafka committed it before this session (exactly-once checkpoint).
-                if self.skip_left != u64::MAX {
-                    self.skip_left -= 1;
-                }
-                Metrics::add(&self.metrics.skipped_committed, 1);
-            }
+            Step::Event { .. } if self.skip_committed() => {}
             Step::Event { seq, event } => {
                 self.txn_had_events = true;
                 match event {
@@ -340,9 +336,26 @@ impl Pipeline {
                 self.skip_left = 0;
                 self.sink.transaction_end(end_lsn)?;
             }
+            Step::Message { .. }
+            | Step::Standalone { .. }
+            | Step::Refused { .. }
+            | Step::Ignored => self.on_message_step(step)?,
             Step::Nothing => {}
         }
         Ok(())
+    }
+
+    /// Whether the next event of the open transaction is one Kafka committed before
+    /// this session (exactly-once checkpoint): then it is dropped here, and counted.
+    pub(super) fn skip_committed(&mut self) -> bool {
+        if self.skip_left == 0 {
+            return false;
+        }
+        if self.skip_left != u64::MAX {
+            self.skip_left -= 1;
+        }
+        Metrics::add(&self.metrics.skipped_committed, 1);
+        true
     }
 
     /// Count one routed event and queue it for its topic. An event routed to the

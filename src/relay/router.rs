@@ -35,7 +35,7 @@
 
 pub mod config;
 mod pgtext;
-mod placement;
+pub(crate) mod placement;
 
 use crate::pg::pgoutput::{ColumnValue, RelationBody, TupleData};
 use crate::pg::Lsn;

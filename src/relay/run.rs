@@ -24,6 +24,7 @@ use crate::relay::pipeline::{
     stopped, Pipeline, Progress, BACKOFF_RESET_AFTER, CLOSE_WAIT, HEALTHY_TICKS,
 };
 use crate::relay::settings::Settings;
+use crate::relay::takeover::{self, SilenceWatch};
 use crate::relay::txn::TxnAssembler;
 use crate::relay::watch::{OutboxWatch, WatchTarget};
 use crate::relay::RelayError;
@@ -59,15 +60,24 @@ pub async fn run(
     let mut backoff = Backoff::from_clock();
     let mut timeline = None;
     let mut waiting_for_slot = false;
+    let mut silence = SilenceWatch::default();
     loop {
         let started = Instant::now();
-        let error = match run_attempt(&settings, stop.clone(), &mut timeline, &metrics).await {
+        let attempt = run_attempt(
+            &settings,
+            stop.clone(),
+            &mut timeline,
+            &metrics,
+            &mut silence,
+        );
+        let error = match attempt.await {
             Ok(()) => return Ok(()),
             Err(error) if error.is_retryable() => error,
             Err(error) => return Err(error),
         };
         let standby = error.slot_in_use();
         if !standby {
+            silence.forget();
             // A standby's attempts at the busy slot are waiting, not restarts.
             Metrics::add(&metrics.restarts, 1);
         }
@@ -85,7 +95,7 @@ pub async fn run(
             // A standby relay: another instance streams from the slot; take over as soon
             // as it goes away. Said once per wait, not at every attempt.
             if !waiting_for_slot {
-                tracing::info!(error = %error, "replication slot is in use by another process; waiting to take over");
+                tracing::info!(error = %error, "{}", super::log::WAITING_FOR_SLOT);
             }
             waiting_for_slot = true;
         } else {
@@ -147,12 +157,36 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// A standby's look at the relay streaming from the slot ([`takeover`]): ends its
+/// walsender when it has been silent past `[postgres] takeover_silence_ms`. The standby
+/// waits on whatever the look finds or fails on.
+async fn look_at_the_active(
+    conn: &mut PgConnection,
+    settings: &Settings,
+    silence: &mut SilenceWatch,
+    metrics: &Metrics,
+    stop: &mut watch::Receiver<bool>,
+) {
+    let postgres = &settings.postgres;
+    let Some(limit) = takeover::silence_limit(
+        postgres.takeover_silence_ms,
+        Duration::from_millis(postgres.status_interval_ms),
+    ) else {
+        return;
+    };
+    let look = takeover::look(conn, &postgres.slot, limit, silence, metrics);
+    if let Some(Err(error)) = unless_stopped(stop, look).await {
+        tracing::debug!(error = %error, "could not look at the walsender streaming from the slot");
+    }
+}
+
 /// One attempt: connect, prepare, stream until shutdown (`Ok`) or an error.
 async fn run_attempt(
     settings: &Settings,
     mut stop: watch::Receiver<bool>,
     timeline: &mut Option<(String, u32)>,
     metrics: &Arc<Metrics>,
+    silence: &mut SilenceWatch,
 ) -> Result<(), RelayError> {
     let postgres = &settings.postgres;
     let spec = settings.source();
@@ -179,6 +213,10 @@ async fn run_attempt(
     let prepared = match prepared {
         Ok(prepared) => prepared,
         Err(SetupError::Pg(error)) => return Err(explain(error).await.into()),
+        Err(active @ SetupError::SlotActive { .. }) => {
+            look_at_the_active(&mut conn, settings, silence, metrics, &mut stop).await;
+            return Err(active.into());
+        }
         Err(other) => return Err(other.into()),
     };
     match timeline.as_ref() {
@@ -233,7 +271,8 @@ async fn run_attempt(
         slot_created = prepared.slot_created,
         publication = %spec.publication,
         publication_created = prepared.publication_created,
-        table = %spec.table,
+        table = %if spec.outbox { spec.table.to_string() } else { "(none: messages only)".to_owned() },
+        messages = spec.messages,
         table_partitioned = prepared.outbox_partitioned,
         failover_slot = prepared.failover_slot,
         start_lsn = %prepared.slot_lsn,
@@ -280,6 +319,7 @@ async fn run_attempt(
             table: spec.table.clone(),
             outbox_oid: prepared.outbox_oid,
             partitioned: prepared.outbox_partitioned,
+            outbox: settings.outbox_enabled,
             state_table: spec.state_table.clone(),
             slot: spec.slot.clone(),
         },
@@ -300,7 +340,8 @@ async fn run_attempt(
             settings.table.clone(),
             prepared.outbox_oid,
             0,
-        ),
+        )
+        .with_messages(settings.messages.clone(), settings.outbox_enabled),
         max_in_flight: settings.relay.max_in_flight(),
         dead_letter_topic,
         source_table: settings.table.to_string(),

@@ -12,6 +12,7 @@ use crate::pg::config::PostgresConfig;
 use crate::pg::slot::SourceSpec;
 use crate::pg::sql::QualifiedName;
 use crate::pg::url::ConnectParams;
+use crate::relay::messages::MessageRouter;
 use crate::relay::router::Router;
 use crate::sink::SinkSpec;
 
@@ -104,6 +105,10 @@ pub struct Settings {
     pub dead_letter_topic: Option<String>,
     pub relay: RelayConfig,
     pub metrics: Option<MetricsConfig>,
+    /// The outbox table is relayed (`[outbox] enabled`); `false`: only messages.
+    pub outbox_enabled: bool,
+    /// The table-less outbox's rules (`[messages]`), when enabled.
+    pub messages: Option<MessageRouter>,
 }
 
 impl Settings {
@@ -119,6 +124,8 @@ impl Settings {
             table: self.table.clone(),
             state_table: self.state_table.clone(),
             failover: self.postgres.failover_slot,
+            outbox: self.outbox_enabled,
+            messages: self.messages.is_some(),
         }
     }
 }

@@ -3,16 +3,30 @@
 //!
 //! Protocol version 1 sends a transaction only after it committed, so events are handed
 //! on as they are decoded; nothing is buffered per transaction and nothing is rolled back.
+//!
+//! Logical decoding messages (`pg_logical_emit_message`, [`crate::relay::messages`]):
+//! a transactional one arrives between its transaction's Begin and Commit and is an
+//! event of that transaction, in its place among the table events; a rolled-back
+//! transaction is never decoded, so neither are its messages. A non-transactional one
+//! arrives on its own, outside any Begin..Commit, at its own position: refused (logged
+//! and counted) or, when configured, relayed as a transaction of its own whose end is
+//! the message's position + 1 (PostgreSQL skips it on restart once that is
+//! acknowledged).
 
 use std::collections::HashMap;
 
 use crate::pg::pgoutput::{PgOutputMessage, RelationBody};
 use crate::pg::sql::QualifiedName;
 use crate::pg::Lsn;
+use crate::relay::messages::config::NonTransactional;
+use crate::relay::messages::{MessageContext, MessageError, MessageRouter};
 use crate::relay::router::{
     row_as_json, EventContext, OutboxEvent, ResolvedColumns, RouteError, Router,
 };
 use crate::sink::TxnSeq;
+
+/// The Message flag bit of a transactional message.
+const MESSAGE_TRANSACTIONAL: u8 = 1;
 
 /// What the pipeline must do after one message.
 #[derive(Debug)]
@@ -33,6 +47,24 @@ pub enum Step {
     },
     /// Transaction `seq` committed.
     Commit { seq: TxnSeq, end_lsn: Lsn },
+    /// A relayed message of transaction `seq`, routed (or why it could not be).
+    Message {
+        seq: TxnSeq,
+        event: Result<OutboxEvent, MessageError>,
+    },
+    /// A non-transactional message relayed on its own: transaction `seq` with this one
+    /// record (or dead letter), ending at `end_lsn`.
+    Standalone {
+        seq: TxnSeq,
+        event: Result<OutboxEvent, MessageError>,
+        end_lsn: Lsn,
+        timestamp_ms: i64,
+    },
+    /// A non-transactional message of a relayed prefix, refused
+    /// (`[messages] non_transactional = "refuse"`).
+    Refused { prefix: String, lsn: Lsn },
+    /// A message whose prefix is not relayed.
+    Ignored,
     /// Nothing to do (relation cache update, other tables, origin, type).
     Nothing,
 }
@@ -70,6 +102,8 @@ pub enum AssemblyError {
     OutsideTransaction { message: &'static str },
     #[error("Begin arrived inside transaction {xid}")]
     NestedBegin { xid: u32 },
+    #[error("a non-transactional Message (at {lsn}) arrived inside transaction {xid}")]
+    NonTransactionalInside { lsn: Lsn, xid: u32 },
     #[error("change for relation {relation_id} arrived before its Relation message")]
     UnknownRelation { relation_id: u32 },
     #[error("unexpected {message} message: the relay asks for protocol version 1 without streaming or two-phase")]
@@ -118,6 +152,10 @@ pub struct TxnAssembler {
     relations: HashMap<u32, CachedRelation>,
     open: Option<OpenTxn>,
     next_seq: TxnSeq,
+    /// `[messages]`; `None`: messages are not asked for (any that come are passed over).
+    messages: Option<MessageRouter>,
+    /// `[outbox] enabled = false`: no relation is the outbox.
+    table_less: bool,
 }
 
 impl TxnAssembler {
@@ -129,7 +167,17 @@ impl TxnAssembler {
             relations: HashMap::new(),
             open: None,
             next_seq: first_seq,
+            messages: None,
+            table_less: false,
         }
+    }
+
+    /// Relay logical decoding messages by these rules; with `outbox_enabled` false no
+    /// relation is the outbox (a table-less deployment).
+    pub fn with_messages(mut self, messages: Option<MessageRouter>, outbox_enabled: bool) -> Self {
+        self.messages = messages;
+        self.table_less = !outbox_enabled;
+        self
     }
 
     /// The sequence number the next transaction will get.
@@ -227,10 +275,16 @@ impl TxnAssembler {
             // The publication asks for inserts only; updates and deletes (a publication
             // changed by hand) are not events.
             PgOutputMessage::Update { .. } | PgOutputMessage::Delete { .. } => Ok(Step::Nothing),
+            PgOutputMessage::Message {
+                flags,
+                lsn,
+                prefix,
+                content,
+                ..
+            } => self.message(flags & MESSAGE_TRANSACTIONAL != 0, lsn, prefix, &content),
             PgOutputMessage::Origin { .. }
             | PgOutputMessage::Type { .. }
-            | PgOutputMessage::Truncate { .. }
-            | PgOutputMessage::Message { .. } => Ok(Step::Nothing),
+            | PgOutputMessage::Truncate { .. } => Ok(Step::Nothing),
             PgOutputMessage::StreamStart { .. } => Err(AssemblyError::Unexpected {
                 message: "Stream Start",
             }),
@@ -261,9 +315,60 @@ impl TxnAssembler {
         }
     }
 
+    fn message(
+        &mut self,
+        transactional: bool,
+        lsn: Lsn,
+        prefix: String,
+        content: &[u8],
+    ) -> Result<Step, AssemblyError> {
+        let Some(messages) = &self.messages else {
+            return Ok(Step::Ignored);
+        };
+        if transactional {
+            let open = self.open.ok_or(AssemblyError::OutsideTransaction {
+                message: "transactional Message",
+            })?;
+            let context = MessageContext {
+                lsn,
+                timestamp_ms: open.commit_ts_ms,
+            };
+            return Ok(match messages.route(&prefix, content, context) {
+                None => Step::Ignored,
+                Some(event) => Step::Message {
+                    seq: open.seq,
+                    event,
+                },
+            });
+        }
+        if let Some(open) = self.open {
+            return Err(AssemblyError::NonTransactionalInside { lsn, xid: open.xid });
+        }
+        if messages.topic(&prefix).is_none() {
+            return Ok(Step::Ignored);
+        }
+        if messages.non_transactional() == NonTransactional::Refuse {
+            return Ok(Step::Refused { prefix, lsn });
+        }
+        let timestamp_ms = crate::metrics::unix_ms_now().try_into().unwrap_or(i64::MAX);
+        let context = MessageContext { lsn, timestamp_ms };
+        let Some(event) = messages.route(&prefix, content, context) else {
+            return Ok(Step::Ignored);
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        Ok(Step::Standalone {
+            seq,
+            event,
+            end_lsn: Lsn(lsn.0.saturating_add(1)),
+            timestamp_ms,
+        })
+    }
+
     fn cache_relation(&mut self, body: RelationBody) -> Result<(), AssemblyError> {
-        let named_outbox = body.namespace == self.table.schema && body.name == self.table.name;
-        if body.relation_id == self.outbox_oid && !named_outbox {
+        let named_outbox =
+            !self.table_less && body.namespace == self.table.schema && body.name == self.table.name;
+        if !self.table_less && body.relation_id == self.outbox_oid && !named_outbox {
             return Err(AssemblyError::OutboxRenamed {
                 relation_id: body.relation_id,
                 from: self.table.to_string(),
@@ -276,7 +381,7 @@ impl TxnAssembler {
         // events. Whether the publication still covers the outbox as it did is the
         // outbox watch's question (crate::relay::watch), which also bounds every
         // acknowledgement.
-        let is_outbox = body.relation_id == self.outbox_oid || named_outbox;
+        let is_outbox = !self.table_less && (body.relation_id == self.outbox_oid || named_outbox);
         let cached = CachedRelation {
             is_outbox,
             display_name: format!("{}.{}", body.namespace, body.name),
@@ -293,255 +398,4 @@ impl TxnAssembler {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pg::pgoutput::{ColumnValue, PgTimestamp, RelationColumn, TupleData};
-    use crate::relay::router::config::OutboxConfig;
-
-    fn assembler() -> TxnAssembler {
-        TxnAssembler::new(
-            Router::try_new(&OutboxConfig::default()).expect("default settings are valid"),
-            QualifiedName::parse("public.outbox").unwrap(),
-            1,
-            0,
-        )
-    }
-
-    fn relation(id: u32, name: &str, columns: &[&str]) -> PgOutputMessage {
-        PgOutputMessage::Relation(RelationBody {
-            xid: None,
-            relation_id: id,
-            namespace: "public".into(),
-            name: name.into(),
-            replica_identity: b'd',
-            columns: columns
-                .iter()
-                .map(|c| RelationColumn {
-                    is_key: false,
-                    name: (*c).into(),
-                    type_oid: 25,
-                    type_modifier: -1,
-                })
-                .collect(),
-        })
-    }
-
-    fn insert(relation_id: u32, values: &[&str]) -> PgOutputMessage {
-        PgOutputMessage::Insert {
-            xid: None,
-            relation_id,
-            new_tuple: TupleData {
-                columns: values
-                    .iter()
-                    .map(|v| ColumnValue::Text(bytes::Bytes::copy_from_slice(v.as_bytes())))
-                    .collect(),
-            },
-        }
-    }
-
-    fn begin() -> PgOutputMessage {
-        PgOutputMessage::Begin {
-            final_lsn: Lsn(90),
-            commit_ts: PgTimestamp(0),
-            xid: 7,
-        }
-    }
-
-    fn commit(end: u64) -> PgOutputMessage {
-        PgOutputMessage::Commit {
-            flags: 0,
-            commit_lsn: Lsn(end - 8),
-            end_lsn: Lsn(end),
-            commit_ts: PgTimestamp(0),
-        }
-    }
-
-    #[test]
-    fn assembles_a_transaction_and_routes_only_the_outbox() {
-        let mut a = assembler();
-        let cols = ["id", "aggregatetype", "aggregateid", "type", "payload"];
-        assert!(matches!(
-            a.apply(begin(), Lsn(0)).unwrap(),
-            Step::Begin { seq: 0, .. }
-        ));
-        assert!(matches!(
-            a.apply(relation(1, "outbox", &cols), Lsn(0)).unwrap(),
-            Step::Nothing
-        ));
-        assert!(matches!(
-            a.apply(relation(2, "orders", &["id"]), Lsn(0)).unwrap(),
-            Step::Nothing
-        ));
-        match a
-            .apply(insert(1, &["e1", "Order", "o1", "T", "{}"]), Lsn(80))
-            .unwrap()
-        {
-            Step::Event {
-                seq: 0,
-                event: Ok(event),
-            } => {
-                assert_eq!(event.topic, "outbox.event.Order");
-                assert_eq!(event.lsn, Lsn(80));
-            }
-            other => panic!("expected an event, got {other:?}"),
-        }
-        assert!(matches!(
-            a.apply(commit(100), Lsn(100)).unwrap(),
-            Step::Commit {
-                seq: 0,
-                end_lsn: Lsn(100)
-            }
-        ));
-        assert!(matches!(
-            a.apply(begin(), Lsn(0)).unwrap(),
-            Step::Begin { seq: 1, .. }
-        ));
-    }
-
-    #[test]
-    fn a_new_relation_message_re_resolves_columns() {
-        let mut a = assembler();
-        a.apply(
-            relation(
-                1,
-                "outbox",
-                &["id", "aggregatetype", "aggregateid", "payload"],
-            ),
-            Lsn(0),
-        )
-        .unwrap();
-        a.apply(begin(), Lsn(0)).unwrap();
-        // After ALTER TABLE the column order changes; the next Relation message says so.
-        a.apply(
-            relation(
-                1,
-                "outbox",
-                &["payload", "x", "aggregatetype", "id", "aggregateid"],
-            ),
-            Lsn(0),
-        )
-        .unwrap();
-        match a
-            .apply(insert(1, &["{}", "1", "User", "e9", "u"]), Lsn(5))
-            .unwrap()
-        {
-            Step::Event {
-                event: Ok(event), ..
-            } => {
-                assert_eq!(event.topic, "outbox.event.User");
-                assert_eq!(event.key.as_deref(), Some("e9"));
-            }
-            other => panic!("expected an event, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn unroutable_rows_are_reported_with_their_position() {
-        let mut a = assembler();
-        a.apply(relation(1, "outbox", &["id", "payload"]), Lsn(0))
-            .unwrap();
-        a.apply(begin(), Lsn(0)).unwrap();
-        match a.apply(insert(1, &["e1", "{}"]), Lsn(0)).unwrap() {
-            Step::Event {
-                event: Err(err), ..
-            } => {
-                assert_eq!(err.lsn, Lsn(90), "falls back to the commit position");
-                assert!(err.to_string().contains("aggregatetype"), "{err}");
-                assert!(err.to_string().contains("public.outbox"), "{err}");
-                assert_eq!(
-                    String::from_utf8(err.row_json.clone()).unwrap(),
-                    r#"{"id":"e1","payload":"{}"}"#,
-                    "the raw row, for the dead-letter topic"
-                );
-                let debug = format!("{err:?}");
-                assert!(
-                    debug.contains("<26 bytes>") && !debug.contains("e1"),
-                    "no row values in Debug: {debug}"
-                );
-            }
-            other => panic!("expected a routing error, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_renamed_outbox_table_is_a_definite_error() {
-        let mut a = assembler();
-        a.apply(relation(1, "outbox", &["id"]), Lsn(0)).unwrap();
-        a.apply(relation(2, "orders", &["id"]), Lsn(0)).unwrap();
-        a.apply(relation(2, "orders_v2", &["id"]), Lsn(0))
-            .expect("other tables may be renamed");
-        let err = a
-            .apply(relation(1, "outbox_old", &["id"]), Lsn(0))
-            .unwrap_err();
-        assert!(matches!(
-            err,
-            AssemblyError::OutboxRenamed { relation_id: 1, .. }
-        ));
-        let message = err.to_string();
-        assert!(
-            message.contains("public.outbox_old") && message.contains("[outbox] table"),
-            "{message}"
-        );
-    }
-
-    #[test]
-    fn an_insert_into_another_relation_stops_without_an_event() {
-        let mut a = assembler();
-        a.apply(relation(1, "outbox", &["id"]), Lsn(0)).unwrap();
-        // A partition published under its own name (publish_via_partition_root off).
-        a.apply(relation(5, "outbox_2026_12", &["id"]), Lsn(0))
-            .expect("a Relation message alone is fine");
-        a.apply(begin(), Lsn(0)).unwrap();
-        let err = a.apply(insert(5, &["e1"]), Lsn(10)).unwrap_err();
-        assert!(matches!(
-            err,
-            AssemblyError::ForeignRelation { relation_id: 5, .. }
-        ));
-        let message = err.to_string();
-        assert!(
-            message.contains("public.outbox_2026_12")
-                && message.contains("publish_via_partition_root = true")
-                && message.contains("DROP TABLE"),
-            "{message}"
-        );
-    }
-
-    #[test]
-    fn the_outbox_name_under_another_relation_id_is_still_the_outbox() {
-        let mut a = assembler();
-        let cols = ["id", "aggregatetype", "aggregateid", "type", "payload"];
-        a.apply(relation(9, "outbox", &cols), Lsn(0)).unwrap();
-        a.apply(begin(), Lsn(0)).unwrap();
-        match a
-            .apply(insert(9, &["e1", "Order", "o1", "T", "{}"]), Lsn(10))
-            .unwrap()
-        {
-            Step::Event {
-                event: Ok(event), ..
-            } => assert_eq!(event.topic, "outbox.event.Order"),
-            other => panic!("expected an event, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn protocol_violations_are_errors() {
-        let mut a = assembler();
-        assert!(matches!(
-            a.apply(commit(10), Lsn(0)),
-            Err(AssemblyError::OutsideTransaction { message: "Commit" })
-        ));
-        a.apply(begin(), Lsn(0)).unwrap();
-        assert!(matches!(
-            a.apply(begin(), Lsn(0)),
-            Err(AssemblyError::NestedBegin { .. })
-        ));
-        assert!(matches!(
-            a.apply(insert(42, &["x"]), Lsn(0)),
-            Err(AssemblyError::UnknownRelation { relation_id: 42 })
-        ));
-        assert!(matches!(
-            a.apply(PgOutputMessage::StreamStop, Lsn(0)),
-            Err(AssemblyError::Unexpected { .. })
-        ));
-    }
-}
+mod tests;

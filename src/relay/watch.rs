@@ -57,6 +57,9 @@ pub struct WatchTarget {
     pub table: QualifiedName,
     pub outbox_oid: u32,
     pub partitioned: bool,
+    /// The outbox table is relayed; `false` (messages only): only the publication's
+    /// identity is watched (pgoutput stops without it).
+    pub outbox: bool,
     pub state_table: QualifiedName,
     pub slot: String,
 }
@@ -82,6 +85,7 @@ impl OutboxWatch {
             table,
             outbox_oid,
             partitioned,
+            outbox,
             state_table,
             slot,
         } = target;
@@ -99,7 +103,7 @@ impl OutboxWatch {
             let query = identity_query(&publication, &table);
             let baseline = match read(&mut conn, &query).await {
                 Ok((lsn, identity)) => {
-                    if identity.table_oid != Some(outbox_oid) || !identity.published {
+                    if outbox && (identity.table_oid != Some(outbox_oid) || !identity.published) {
                         let _ = report_tx
                             .send(WatchReport::Invalid(format!(
                                 "the outbox {table} changed while the relay was starting (relation id {:?}, expected {outbox_oid}; published: {})",
@@ -126,10 +130,10 @@ impl OutboxWatch {
                         }
                         match read(&mut conn, &query).await {
                             Ok((lsn, identity)) => {
-                                match PublicationChange::between(&baseline, &identity, partitioned) {
+                                match change_between(&baseline, &identity, partitioned, outbox) {
                                     None => WatchReport::Vouched(lsn),
                                     Some(change) => {
-                                        WatchReport::Changed(settled(&mut conn, &query, &baseline, partitioned, change).await)
+                                        WatchReport::Changed(settled(&mut conn, &query, &baseline, (partitioned, outbox), change).await)
                                     }
                                 }
                             }
@@ -220,6 +224,25 @@ impl Drop for OutboxWatch {
     }
 }
 
+/// What changed since `baseline`; without an outbox table only the publication counts.
+fn change_between(
+    baseline: &PublicationIdentity,
+    now: &PublicationIdentity,
+    partitioned: bool,
+    outbox: bool,
+) -> Option<PublicationChange> {
+    if outbox {
+        return PublicationChange::between(baseline, now, partitioned);
+    }
+    if now.publication_oid.is_none() {
+        Some(PublicationChange::PublicationDropped)
+    } else if now.publication_oid != baseline.publication_oid {
+        Some(PublicationChange::PublicationReplaced)
+    } else {
+        None
+    }
+}
+
 /// The WAL position, then the identity (in that order: see the module doc).
 async fn read(
     conn: &mut PgConnection,
@@ -251,12 +274,12 @@ async fn settled(
     conn: &mut PgConnection,
     query: &str,
     baseline: &PublicationIdentity,
-    partitioned: bool,
+    (partitioned, outbox): (bool, bool),
     first: PublicationChange,
 ) -> PublicationChange {
     match read(conn, query).await {
         Ok((_, identity)) => {
-            PublicationChange::between(baseline, &identity, partitioned).unwrap_or(first)
+            change_between(baseline, &identity, partitioned, outbox).unwrap_or(first)
         }
         Err(_) => first,
     }

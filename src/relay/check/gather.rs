@@ -84,7 +84,9 @@ async fn server_settings(conn: &mut PgConnection) -> Result<ServerSettings, PgEr
                     r.rolreplication, r.rolsuper, \
                     pg_catalog.has_database_privilege(current_database(), 'CREATE') AS db_create, \
                     pg_catalog.pg_size_bytes(current_setting('max_slot_wal_keep_size', true)) AS keep_size, \
-                    current_setting('synchronized_standby_slots', true) AS standby_slots \
+                    current_setting('synchronized_standby_slots', true) AS standby_slots, \
+                    pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE') AS read_all_stats, \
+                    pg_catalog.pg_has_role('pg_signal_backend', 'USAGE') AS signal_backend \
                FROM pg_catalog.pg_roles r WHERE r.rolname = current_user",
         )
         .await?;
@@ -105,6 +107,8 @@ async fn server_settings(conn: &mut PgConnection) -> Result<ServerSettings, PgEr
         may_create_in_database: yes(&result, 0, "db_create"),
         max_slot_wal_keep_size: keep.filter(|bytes| *bytes >= 0),
         synchronized_standby_slots: result.get(0, "standby_slots").map(str::to_owned),
+        reads_all_stats: yes(&result, 0, "read_all_stats"),
+        signals_backends: yes(&result, 0, "signal_backend"),
     })
 }
 

@@ -15,6 +15,7 @@
 
 mod gather;
 pub mod kafka;
+mod messages;
 pub mod postgres;
 mod slot;
 

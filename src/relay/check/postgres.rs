@@ -49,6 +49,10 @@ pub struct ServerSettings {
     pub max_slot_wal_keep_size: Option<i64>,
     /// `synchronized_standby_slots` (PostgreSQL 17+).
     pub synchronized_standby_slots: Option<String>,
+    /// Privileges of `pg_read_all_stats` (another walsender's `reply_time`) and of
+    /// `pg_signal_backend` (ending it): a standby's takeover from a silent relay.
+    pub reads_all_stats: bool,
+    pub signals_backends: bool,
 }
 
 /// The outbox table.
@@ -135,6 +139,12 @@ pub fn findings(facts: &PgFacts, target: &Target<'_>) -> Vec<Finding> {
     let mut out = Vec::new();
     server(&facts.server, &mut out);
     replication_role(facts, &mut out);
+    super::messages::version(facts, target.spec, &mut out);
+    if !target.spec.outbox {
+        super::messages::table_less(facts, target.spec, &mut out);
+        super::slot::findings(facts, target, &mut out);
+        return out;
+    }
     let table = match &facts.table {
         Ok(table) => table.as_ref(),
         Err(e) => {

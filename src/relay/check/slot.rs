@@ -16,7 +16,43 @@ const RETAINED_WARNING_PERCENT: i64 = 50;
 /// The slot's findings, then the record table's.
 pub(super) fn findings(facts: &PgFacts, target: &Target<'_>, out: &mut Vec<Finding>) {
     slot(facts, target, out);
+    takeover(facts, out);
     state_table(&facts.state, target, out);
+}
+
+/// A standby takes the slot over from a silent relay (its host vanished) only if it
+/// may see the walsender's `reply_time` (`pg_read_all_stats`) and end it: a walsender
+/// of its own role always, another role's with `pg_signal_backend`
+/// ([`crate::relay::takeover`]).
+fn takeover(facts: &PgFacts, out: &mut Vec<Finding>) {
+    const ID: &str = "postgres.takeover";
+    let server = &facts.server;
+    let ends = if server.signals_backends {
+        "of any role but a superuser's"
+    } else {
+        "of its own role (pg_signal_backend for instances under other roles)"
+    };
+    out.push(if server.reads_all_stats {
+        Finding::ok(
+            ID,
+            format!(
+                "role {:?} may see a silent relay's walsender and end one {ends}: a standby takes over before wal_sender_timeout",
+                server.user
+            ),
+        )
+    } else {
+        Finding::warning(
+            ID,
+            format!(
+                "role {:?} lacks pg_read_all_stats: a standby relay cannot see that the relay streaming from the slot went silent (its host vanished), and waits for PostgreSQL's wal_sender_timeout instead",
+                server.user
+            ),
+            format!(
+                "GRANT pg_read_all_stats TO {} (and pg_signal_backend when the instances use different roles)",
+                quote_ident(&server.user)
+            ),
+        )
+    });
 }
 
 fn slot(facts: &PgFacts, target: &Target<'_>, out: &mut Vec<Finding>) {

@@ -20,6 +20,8 @@ fn spec() -> SourceSpec {
         table: QualifiedName::parse("public.outbox").unwrap(),
         state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
         failover: true,
+        outbox: true,
+        messages: false,
     }
 }
 
@@ -59,6 +61,8 @@ fn healthy() -> PgFacts {
             may_create_in_database: true,
             max_slot_wal_keep_size: None,
             synchronized_standby_slots: None,
+            reads_all_stats: true,
+            signals_backends: true,
         },
         replication_session: Ok(()),
         table: Ok(Some(TableFacts {
@@ -156,6 +160,7 @@ fn a_healthy_setup_has_no_problem_and_no_warning() {
         "outbox.additional[1]",
         "postgres.publication",
         "postgres.slot",
+        "postgres.takeover",
         "postgres.state_table",
     ] {
         assert!(found.iter().any(|f| f.id == id), "no finding {id}");
@@ -452,4 +457,93 @@ fn reports_mask_secrets_and_count_problems() {
     assert_eq!(json[1]["status"], "problem");
     assert_eq!(json[0]["fix"], serde_json::Value::Null);
     assert!(!report.json().contains("hunter2"));
+}
+
+#[test]
+fn a_standby_without_pg_read_all_stats_is_warned() {
+    let mut facts = healthy();
+    facts.server.reads_all_stats = false;
+    facts.server.signals_backends = false;
+    let found = check(&facts, &[]);
+    let takeover = found
+        .iter()
+        .find(|f| f.id == "postgres.takeover")
+        .expect("a takeover finding");
+    assert_eq!(takeover.status, Status::Warning);
+    assert!(
+        takeover.message.contains("wal_sender_timeout"),
+        "{takeover:?}"
+    );
+    assert!(
+        takeover
+            .fix
+            .as_deref()
+            .is_some_and(|fix| fix.starts_with("GRANT pg_read_all_stats TO \"relay\"")),
+        "{takeover:?}"
+    );
+    facts.server.reads_all_stats = true;
+    let found = check(&facts, &[]);
+    let takeover = found.iter().find(|f| f.id == "postgres.takeover").unwrap();
+    assert_eq!(takeover.status, Status::Ok);
+    assert!(takeover.message.contains("its own role"), "{takeover:?}");
+}
+
+fn check_table_less(facts: &PgFacts) -> Vec<Finding> {
+    let mut spec = spec();
+    spec.outbox = false;
+    spec.messages = true;
+    let router = router(&[]);
+    findings(
+        facts,
+        &Target {
+            spec: &spec,
+            columns: router.columns(),
+            additional: router.additional(),
+            config_hint: "--config relay.toml".into(),
+        },
+    )
+}
+
+#[test]
+fn a_table_less_relay_needs_a_publication_without_tables_and_postgresql_14() {
+    // The healthy facts' publication publishes the outbox: refused for messages only.
+    let found = check_table_less(&healthy());
+    let refused = problems(&found);
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert_eq!(refused[0].id, "postgres.publication");
+    assert!(
+        refused[0]
+            .fix
+            .as_deref()
+            .unwrap_or("")
+            .contains("WITH (publish = 'insert')"),
+        "{refused:#?}"
+    );
+    let mut facts = healthy();
+    facts.table = Ok(None);
+    facts.publication = Ok(Some(PublicationFacts {
+        inserts: true,
+        via_root: false,
+        all_tables: false,
+        tables: Vec::new(),
+    }));
+    let found = check_table_less(&facts);
+    assert!(problems(&found).is_empty(), "{found:#?}");
+    assert!(found
+        .iter()
+        .any(|f| f.id == "postgres.messages" && f.status == Status::Ok));
+    facts.publication = Ok(None);
+    assert!(
+        problems(&check_table_less(&facts)).is_empty(),
+        "the relay creates it"
+    );
+    facts.server.version_num = 130_010;
+    facts.server.version = "13.10".into();
+    let found = check_table_less(&facts);
+    let old = problems(&found);
+    assert!(
+        old.iter()
+            .any(|p| p.id == "postgres.messages" && p.message.contains("PostgreSQL 14 or later")),
+        "{old:#?}"
+    );
 }

@@ -23,6 +23,9 @@ pub const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxConfig {
+    /// Relay the outbox table; `false` for a table-less deployment (`[messages]` only).
+    #[serde(default = "enabled_by_default")]
+    pub enabled: bool,
     #[serde(default = "default_table")]
     pub table: String,
     #[serde(default = "default_id_column")]
@@ -58,6 +61,7 @@ pub struct OutboxConfig {
 impl Default for OutboxConfig {
     fn default() -> Self {
         OutboxConfig {
+            enabled: true,
             table: default_table(),
             id_column: default_id_column(),
             key_column: default_id_column(),
@@ -111,6 +115,9 @@ impl OutboxConfig {
     }
 }
 
+fn enabled_by_default() -> bool {
+    true
+}
 fn default_table() -> String {
     DEFAULT_TABLE.into()
 }
