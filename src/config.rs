@@ -18,6 +18,8 @@
 //! ([`report`]), and the sections leave values of secret keys out of theirs.
 
 mod env;
+#[cfg(test)]
+mod messages_tests;
 mod report;
 
 use std::path::Path;
