@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use outbox_relay::metrics::RESTARTS_TOTAL;
 use support::kafka::{consume, KafkaBroker};
 use support::outbox::{
-    cluster_with_outbox, kafka_config, metric, start_streaming, stdout_config, with_metrics, SLOT,
-    WAIT,
+    cluster_with_outbox, kafka_config, metric, slot_active_pid, start_streaming, stdout_config,
+    with_metrics, SLOT, WAIT,
 };
 use support::{PgCluster, PgOptions, RelayProcess};
 
@@ -92,18 +92,6 @@ fn a_terminated_walsender_is_reconnected() {
         "cause logged: {}",
         relay.stderr()
     );
-}
-
-/// The walsender streaming from the test slot, if any.
-fn slot_active_pid(pg: &PgCluster) -> Option<i32> {
-    pg.client()
-        .query_opt(
-            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active",
-            &[&SLOT],
-        )
-        .ok()
-        .flatten()
-        .and_then(|row| row.get(0))
 }
 
 /// Twenty takeovers: each time the active relay is `kill -9`ed after the standby has

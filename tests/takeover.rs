@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use outbox_relay::relay::log::TAKING_OVER;
-use support::outbox::{cluster_with_outbox, event_ids, stdout_config, SLOT, WAIT};
+use support::outbox::{cluster_with_outbox, event_ids, slot_active_pid, stdout_config, SLOT, WAIT};
 use support::proxy::FaultProxy;
 use support::{PgCluster, PgOptions, RelayProcess};
 
@@ -51,18 +51,6 @@ fn wait_printed(relay: &RelayProcess, want: &[String], what: &str) {
         let seen = event_ids(&relay.lines());
         want.iter().all(|id| seen.contains(id))
     });
-}
-
-/// The walsender streaming from the test slot, if any.
-fn slot_active_pid(pg: &PgCluster) -> Option<i32> {
-    pg.client()
-        .query_opt(
-            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active",
-            &[&SLOT],
-        )
-        .ok()
-        .flatten()
-        .and_then(|row| row.get(0))
 }
 
 /// A stdout relay config reaching PostgreSQL through `proxy`, with `extra` lines added

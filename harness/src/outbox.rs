@@ -199,3 +199,15 @@ pub fn metric(port: u16, name: &str) -> Option<u64> {
         .find_map(|line| line.strip_prefix(&format!("{name} ")))
         .and_then(|value| value.trim().parse().ok())
 }
+
+/// The PID of the walsender streaming from the test slot, if any.
+pub fn slot_active_pid(pg: &PgCluster) -> Option<i32> {
+    pg.client()
+        .query_opt(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active",
+            &[&SLOT],
+        )
+        .ok()
+        .flatten()
+        .and_then(|row| row.get(0))
+}

@@ -104,12 +104,15 @@ fn healthy() -> PgFacts {
 }
 
 fn check(facts: &PgFacts, additional: &[&str]) -> Vec<Finding> {
-    let spec = spec();
+    check_with(facts, &spec(), additional)
+}
+
+fn check_with(facts: &PgFacts, spec: &SourceSpec, additional: &[&str]) -> Vec<Finding> {
     let router = router(additional);
     findings(
         facts,
         &Target {
-            spec: &spec,
+            spec,
             columns: router.columns(),
             additional: router.additional(),
             config_hint: "--config relay.toml".into(),
@@ -492,16 +495,7 @@ fn check_table_less(facts: &PgFacts) -> Vec<Finding> {
     let mut spec = spec();
     spec.outbox = false;
     spec.messages = true;
-    let router = router(&[]);
-    findings(
-        facts,
-        &Target {
-            spec: &spec,
-            columns: router.columns(),
-            additional: router.additional(),
-            config_hint: "--config relay.toml".into(),
-        },
-    )
+    check_with(facts, &spec, &[])
 }
 
 #[test]
