@@ -30,12 +30,15 @@ ALTER TABLE public.outbox ADD COLUMN published_at timestamptz,
 CREATE INDEX outbox_unpublished ON public.outbox (created_at) WHERE published_at IS NULL;
 ";
 
-/// `CALL bench_load(total, sizes, pad)`: `total` events in rounds; each round writes
-/// `max(sizes)` events in transactions of each size in turn (so every size carries the
-/// same share of events), one session, committing each. Returns `pg_current_wal_lsn()`
-/// after the last commit: every contender must get past it.
-const LOAD_SQL: &str = "
-CREATE PROCEDURE bench_load(total bigint, sizes int[], pad int, INOUT target pg_lsn DEFAULT NULL)
+/// The loop both loads share, as `CREATE PROCEDURE <name>(total, sizes, pad)`: `total`
+/// events in rounds; each round writes `max(sizes)` events in transactions of each size
+/// in turn (so every size carries the same share of events), one session, committing
+/// each. `write` writes events `done + 1 ..= done + n` (`g` in `generate_series`).
+/// Returns `pg_current_wal_lsn()` after the last commit: every contender must get past it.
+fn load_procedure(name: &str, write: &str) -> String {
+    format!(
+        "
+CREATE PROCEDURE {name}(total bigint, sizes int[], pad int, INOUT target pg_lsn DEFAULT NULL)
 LANGUAGE plpgsql AS $$
 DECLARE
     block int := (SELECT max(s) FROM unnest(sizes) AS s);
@@ -49,56 +52,37 @@ BEGIN
             k := 0;
             WHILE k < block AND done < total LOOP
                 n := least(size, block - k, total - done);
-                INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload)
+                {write}
+                COMMIT;
+                done := done + n;
+                k := k + n;
+            END LOOP;
+        END LOOP;
+    END LOOP;
+    target := pg_current_wal_lsn();
+END $$;
+"
+    )
+}
+
+/// `CALL bench_load(total, sizes, pad)`: the events as outbox rows.
+const LOAD_WRITE: &str = "INSERT INTO public.outbox (aggregatetype, aggregateid, type, payload)
                 SELECT (ARRAY['order', 'customer', 'payment'])[1 + g % 3], 'agg-' || (g % 10000),
                        'Created',
                        jsonb_build_object('seq', g, 'customer', 'customer-' || (g % 1000),
                                           'total', (g % 1000) * 1.5, 'note', repeat('x', pad))
-                FROM generate_series(done + 1, done + n) AS g;
-                COMMIT;
-                done := done + n;
-                k := k + n;
-            END LOOP;
-        END LOOP;
-    END LOOP;
-    target := pg_current_wal_lsn();
-END $$;
-";
+                FROM generate_series(done + 1, done + n) AS g;";
 
-/// `CALL bench_load_messages(total, sizes, pad)`: the same events as `bench_load`, in
-/// the same transactions, written with `pg_logical_emit_message` (the table-less
-/// outbox) as envelopes carrying the id, key and type the table's columns carry;
-/// prefix = the routed value. Returns `pg_current_wal_lsn()` after the last commit.
-const MESSAGES_LOAD_SQL: &str = "
-CREATE PROCEDURE bench_load_messages(total bigint, sizes int[], pad int, INOUT target pg_lsn DEFAULT NULL)
-LANGUAGE plpgsql AS $$
-DECLARE
-    block int := (SELECT max(s) FROM unnest(sizes) AS s);
-    done bigint := 0;
-    size int;
-    k bigint;
-    n bigint;
-BEGIN
-    WHILE done < total LOOP
-        FOREACH size IN ARRAY sizes LOOP
-            k := 0;
-            WHILE k < block AND done < total LOOP
-                n := least(size, block - k, total - done);
-                PERFORM pg_logical_emit_message(true, (ARRAY['order', 'customer', 'payment'])[1 + g % 3],
+/// `CALL bench_load_messages(total, sizes, pad)`: the same events, in the same
+/// transactions, written with `pg_logical_emit_message` (the table-less outbox) as
+/// envelopes carrying the id, key and type the table's columns carry; prefix = the
+/// routed value.
+const MESSAGES_LOAD_WRITE: &str = "PERFORM pg_logical_emit_message(true, (ARRAY['order', 'customer', 'payment'])[1 + g % 3],
                        json_build_object('id', gen_random_uuid(), 'key', 'agg-' || (g % 10000),
                                          'headers', json_build_object('type', 'Created'),
                                          'payload', jsonb_build_object('seq', g, 'customer', 'customer-' || (g % 1000),
                                                                        'total', (g % 1000) * 1.5, 'note', repeat('x', pad)))::text)
-                FROM generate_series(done + 1, done + n) AS g;
-                COMMIT;
-                done := done + n;
-                k := k + n;
-            END LOOP;
-        END LOOP;
-    END LOOP;
-    target := pg_current_wal_lsn();
-END $$;
-";
+                FROM generate_series(done + 1, done + n) AS g;";
 
 /// The publication of the table-less contender: no table (messages are not filtered by
 /// publication; pgoutput needs one to start).
@@ -120,8 +104,10 @@ pub fn start_postgres() -> PgCluster {
     client
         .batch_execute(OUTBOX_SQL)
         .and_then(|()| client.batch_execute(POLLING_COLUMNS_SQL))
-        .and_then(|()| client.batch_execute(LOAD_SQL))
-        .and_then(|()| client.batch_execute(MESSAGES_LOAD_SQL))
+        .and_then(|()| client.batch_execute(&load_procedure("bench_load", LOAD_WRITE)))
+        .and_then(|()| {
+            client.batch_execute(&load_procedure("bench_load_messages", MESSAGES_LOAD_WRITE))
+        })
         .and_then(|()| {
             client.batch_execute(&format!(
                 "CREATE PUBLICATION {MESSAGES_PUBLICATION} WITH (publish = 'insert')"
