@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
         lsn: Lsn(u64::from(selector)),
         timestamp_ms: 0,
     };
-    if let Some(Ok(event)) = router.route(&prefix, content, context) {
+    if let Some(Ok(event)) = router.route(&prefix, &bytes::Bytes::copy_from_slice(content), context) {
         let _ = event.value();
     }
 });

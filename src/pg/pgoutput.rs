@@ -161,7 +161,7 @@ pub enum PgOutputMessage {
         flags: u8,
         lsn: Lsn,
         prefix: String,
-        content: Vec<u8>,
+        content: Bytes,
     },
     StreamStart {
         xid: u32,
@@ -397,7 +397,7 @@ pub fn decode(bytes: &Bytes, stream: StreamState) -> Result<PgOutputMessage, Dec
                 flags,
                 lsn,
                 prefix,
-                content: r.take(length)?.to_vec(),
+                content: r.take_bytes(length)?,
             }
         }
         b'S' => PgOutputMessage::StreamStart {

@@ -155,6 +155,11 @@ impl<'a> Reader<'a> {
 
     pub(crate) fn column_bytes(&mut self) -> Result<Bytes, DecodeError> {
         let len = self.count_i32("column length")?;
+        self.take_bytes(len)
+    }
+
+    /// The next `len` bytes as a slice of the message (no copy).
+    pub(crate) fn take_bytes(&mut self, len: usize) -> Result<Bytes, DecodeError> {
         let start = self.pos;
         self.take(len)?;
         Ok(self.bytes.slice(start..start + len))

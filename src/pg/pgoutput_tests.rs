@@ -437,7 +437,7 @@ fn v1_truncate_message_and_origin() {
             flags: 1,
             lsn: transactional_line.lsn,
             prefix: "outbox".into(),
-            content: "hello ✓".as_bytes().to_vec(),
+            content: Bytes::from("hello ✓"),
         }
     );
     assert_eq!(
@@ -447,7 +447,7 @@ fn v1_truncate_message_and_origin() {
             flags: 0,
             lsn: plain_line.lsn,
             prefix: "outbox".into(),
-            content: vec![0x00, 0xff],
+            content: Bytes::from_static(&[0x00, 0xff]),
         }
     );
 
@@ -1305,7 +1305,7 @@ fn round_trip_message() -> impl Strategy<Value = PgOutputMessage> {
                     flags,
                     lsn,
                     prefix,
-                    content,
+                    content: Bytes::from(content),
                 }
             ),
         (any::<u32>(), any::<u32>(), proptest::option::of((lsn, ts))).prop_map(

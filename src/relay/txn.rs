@@ -320,7 +320,7 @@ impl TxnAssembler {
         transactional: bool,
         lsn: Lsn,
         prefix: String,
-        content: &[u8],
+        content: &bytes::Bytes,
     ) -> Result<Step, AssemblyError> {
         let Some(messages) = &self.messages else {
             return Ok(Step::Ignored);

@@ -11,6 +11,7 @@
 //! numbers, booleans (as their JSON text) or `null`. Any other member is refused: a typo
 //! (`header`) would otherwise lose the headers silently.
 
+use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
 
 use serde_json::value::RawValue;
@@ -20,20 +21,34 @@ pub const MEMBERS: [&str; 4] = ["id", "key", "headers", "payload"];
 
 /// What an envelope gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Envelope {
+pub struct Envelope<'a> {
     pub id: Option<String>,
     /// `None`: no `key` member; `Some(None)`: `"key": null` (no record key).
     pub key: Option<Option<String>>,
     pub headers: Vec<(String, Option<String>)>,
-    /// The payload's JSON text; `None` for `"payload": null` (a null record value).
-    pub payload: Option<String>,
+    /// The payload's JSON text, borrowed from the content (the record's value is a slice
+    /// of the message, not a copy); `None` for `"payload": null` (a null record value).
+    pub payload: Option<&'a str>,
 }
+
+/// A member name of the envelope object, borrowed from the content unless it has
+/// escapes.
+#[derive(Debug, serde::Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+struct Member<'a>(#[serde(borrow)] Cow<'a, str>);
+
+impl Borrow<str> for Member<'_> {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+type Members<'a> = BTreeMap<Member<'a>, &'a RawValue>;
 
 /// How the content reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reading {
+pub enum Reading<'a> {
     /// A JSON object with a `payload` member.
-    Envelope(Envelope),
+    Envelope(Envelope<'a>),
     /// Not an envelope (not a JSON object, or one without `payload`).
     Plain,
     /// A JSON object with a `payload` member that breaks the envelope's rules.
@@ -41,12 +56,12 @@ pub enum Reading {
 }
 
 /// Read `content` as an envelope.
-pub fn read(content: &[u8]) -> Reading {
+pub fn read(content: &[u8]) -> Reading<'_> {
     let first = content.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
         return Reading::Plain;
     }
-    let Ok(members) = serde_json::from_slice::<BTreeMap<String, Box<RawValue>>>(content) else {
+    let Ok(members) = serde_json::from_slice::<Members>(content) else {
         return Reading::Plain;
     };
     let Some(payload) = members.get("payload") else {
@@ -58,11 +73,8 @@ pub fn read(content: &[u8]) -> Reading {
     }
 }
 
-fn envelope(
-    members: &BTreeMap<String, Box<RawValue>>,
-    payload: &RawValue,
-) -> Result<Envelope, String> {
-    if let Some(unknown) = members.keys().find(|m| !MEMBERS.contains(&m.as_str())) {
+fn envelope<'a>(members: &Members<'a>, payload: &'a RawValue) -> Result<Envelope<'a>, String> {
+    if let Some(Member(unknown)) = members.keys().find(|m| !MEMBERS.contains(&&*m.0)) {
         return Err(format!(
             "the envelope has a member {unknown:?}; an envelope has only {} (or write the content without a top-level \"payload\" member to send it as it is)",
             MEMBERS.join(", ")
@@ -91,7 +103,7 @@ fn envelope(
     };
     let payload = match payload.get().trim() {
         "null" => None,
-        text => Some(text.to_owned()),
+        text => Some(text),
     };
     Ok(Envelope {
         id,
@@ -180,7 +192,7 @@ impl<'de> serde::Deserialize<'de> for OrderedPairs {
 mod tests {
     use super::*;
 
-    fn envelope_of(text: &str) -> Envelope {
+    fn envelope_of(text: &str) -> Envelope<'_> {
         match read(text.as_bytes()) {
             Reading::Envelope(e) => e,
             other => panic!("not an envelope: {other:?}"),
@@ -203,7 +215,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            e.payload.as_deref(),
+            e.payload,
             Some(r#"{"b": 1, "a": 123456789012345678901234567890}"#)
         );
     }
@@ -213,7 +225,7 @@ mod tests {
         let e = envelope_of(r#"{"payload": "hi"}"#);
         assert_eq!(e.id, None);
         assert_eq!(e.key, None);
-        assert_eq!(e.payload.as_deref(), Some("\"hi\""));
+        assert_eq!(e.payload, Some("\"hi\""));
         let e = envelope_of(r#"{"key": null, "payload": null}"#);
         assert_eq!(e.key, Some(None));
         assert_eq!(e.payload, None);
@@ -267,7 +279,7 @@ mod tests {
             let text = serde_json::json!({"id": id, "payload": {"p": payload}}).to_string();
             let e = envelope_of(&text);
             proptest::prop_assert_eq!(e.id, Some(id));
-            let back: serde_json::Value = serde_json::from_str(e.payload.as_deref().unwrap()).unwrap();
+            let back: serde_json::Value = serde_json::from_str(e.payload.unwrap()).unwrap();
             proptest::prop_assert_eq!(back, serde_json::json!({"p": payload}));
         }
     }

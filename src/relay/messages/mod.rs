@@ -210,7 +210,7 @@ impl MessageRouter {
     pub fn route(
         &self,
         prefix: &str,
-        content: &[u8],
+        content: &bytes::Bytes,
         context: MessageContext,
     ) -> Option<Result<OutboxEvent, MessageError>> {
         let topic = self.topic(prefix)?;
@@ -249,14 +249,16 @@ impl MessageRouter {
                 None,
                 None,
                 Vec::new(),
-                Some(bytes::Bytes::copy_from_slice(content)),
+                Some(content.clone()),
                 plain_format(content),
             ),
             Reading::Envelope(envelope) => (
                 envelope.id,
                 envelope.key,
                 envelope.headers,
-                envelope.payload.map(bytes::Bytes::from),
+                envelope
+                    .payload
+                    .map(|text| content.slice_ref(text.as_bytes())),
                 PayloadFormat::Json,
             ),
         };

@@ -1,6 +1,10 @@
 use super::config::*;
 use super::*;
 
+fn bytes_of(content: &[u8]) -> bytes::Bytes {
+    bytes::Bytes::copy_from_slice(content)
+}
+
 fn router(text: &str) -> Result<MessageRouter, Vec<String>> {
     let config: MessagesConfig = toml::from_str(text).map_err(|e| vec![e.to_string()])?;
     MessageRouter::try_new(&config)
@@ -15,7 +19,7 @@ fn context() -> MessageContext {
 
 fn routed(router: &MessageRouter, prefix: &str, content: &str) -> OutboxEvent {
     router
-        .route(prefix, content.as_bytes(), context())
+        .route(prefix, &bytes_of(content.as_bytes()), context())
         .expect("relayed")
         .expect("routed")
 }
@@ -45,7 +49,7 @@ fn exact_prefixes_fixed_topics_and_a_pattern_route_by_prefix() {
     );
     assert_eq!(r.topic("other"), None);
     assert_eq!(r.topic("order"), None);
-    assert!(r.route("other", b"{}", context()).is_none());
+    assert!(r.route("other", &bytes_of(b"{}"), context()).is_none());
 }
 
 #[test]
@@ -63,7 +67,10 @@ fn a_plain_message_gets_an_lsn_id_and_its_content_as_value() {
         routed(&r, "orders", "hi").payload_format,
         PayloadFormat::Text
     );
-    let binary = r.route("orders", &[0xff, 0], context()).unwrap().unwrap();
+    let binary = r
+        .route("orders", &bytes_of(&[0xff, 0]), context())
+        .unwrap()
+        .unwrap();
     assert_eq!(binary.payload_format, PayloadFormat::Binary);
 }
 
@@ -110,7 +117,10 @@ fn envelope_modes() {
         Some(&br#"{"id":"x","payload":1}"#[..])
     );
     let r = router("prefixes = [\"p\"]\nenvelope = \"always\"").unwrap();
-    let err = r.route("p", b"plain", context()).unwrap().unwrap_err();
+    let err = r
+        .route("p", &bytes_of(b"plain"), context())
+        .unwrap()
+        .unwrap_err();
     assert!(err.reason.contains("not an envelope"), "{err}");
     assert_eq!(err.content.as_deref(), Some(&b"plain"[..]));
 }
@@ -119,14 +129,14 @@ fn envelope_modes() {
 fn malformed_and_oversize_messages_are_errors_with_their_reason() {
     let r = router("prefixes = [\"p\"]\nmax_bytes = 10").unwrap();
     let err = r
-        .route("p", br#"{"payload":1,"x":2}"#, context())
+        .route("p", &bytes_of(br#"{"payload":1,"x":2}"#), context())
         .unwrap()
         .unwrap_err();
     assert!(err.reason.contains("max_bytes"), "{err}");
     assert_eq!(err.content, None, "too large to carry");
     let r = router("prefixes = [\"p\"]").unwrap();
     let err = r
-        .route("p", br#"{"payload":1,"x":2}"#, context())
+        .route("p", &bytes_of(br#"{"payload":1,"x":2}"#), context())
         .unwrap()
         .unwrap_err();
     assert!(err.to_string().contains("\"x\""), "{err}");

@@ -255,7 +255,7 @@ fn message(transactional: bool, lsn: u64, prefix: &str, content: &str) -> PgOutp
         flags: u8::from(transactional),
         lsn: Lsn(lsn),
         prefix: prefix.into(),
-        content: content.as_bytes().to_vec(),
+        content: bytes::Bytes::copy_from_slice(content.as_bytes()),
     }
 }
 
