@@ -43,6 +43,7 @@ enum Command {
     /// (PostgreSQL, the outbox table, publication, slot, Kafka), changing nothing.
     /// Lists every problem with its fix; exit 1 if there is any.
     Check {
+        /// Path of the TOML configuration file.
         #[arg(long, short)]
         config: PathBuf,
         /// Check the configuration file only, without connecting anywhere.
@@ -56,6 +57,7 @@ enum Command {
     /// state table, the publication, a relay role and an application role that may
     /// only INSERT into the outbox); with --apply, run it.
     Init {
+        /// Path of the TOML configuration file.
         #[arg(long, short)]
         config: PathBuf,
         /// Partition the outbox by month of created_at (old months are dropped whole).
@@ -84,6 +86,7 @@ enum Command {
     /// short batches (a partitioned outbox: whole old partitions are dropped). Refuses
     /// when the relay lags behind the rows it would delete.
     Cleanup {
+        /// Path of the TOML configuration file.
         #[arg(long, short)]
         config: PathBuf,
         /// A PostgreSQL interval, e.g. 7d, '36 hours'.
@@ -108,6 +111,7 @@ enum Command {
     /// slot or an outbox that left the publication). At-least-once: consumers
     /// deduplicate by event id.
     Backfill {
+        /// Path of the TOML configuration file.
         #[arg(long, short)]
         config: PathBuf,
         /// Re-send rows whose --column is at or after this time (any timestamp
@@ -126,6 +130,7 @@ enum SlotCommand {
     /// --accept-gap: the new slot starts at the current position, and events committed
     /// since the old one's last acknowledged position must be re-sent (backfill).
     Create {
+        /// Path of the TOML configuration file.
         #[arg(long, short)]
         config: PathBuf,
         /// Start past the gap knowingly.
@@ -135,6 +140,7 @@ enum SlotCommand {
     /// Where the slot stands: position, lag in bytes and time, retained WAL,
     /// wal_status, the walsender streaming from it, the relay's record.
     Status {
+        /// Path of the TOML configuration file.
         #[arg(long, short)]
         config: PathBuf,
         /// One JSON object, for scripts.
@@ -144,6 +150,7 @@ enum SlotCommand {
     /// Drop the slot (refused while a relay streams from it). The relay's record of it
     /// stays, so no relay replaces it silently; --forget removes the record too.
     Drop {
+        /// Path of the TOML configuration file.
         #[arg(long, short)]
         config: PathBuf,
         /// Also remove the relay's record of the slot (decommissioning).
@@ -507,4 +514,34 @@ async fn shutdown_signal() {
         eprintln!("second signal: exiting at once without acknowledging anything undelivered");
         std::process::exit(130);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every argument of every subcommand, nested ones included, says what it is in
+    /// `--help`: `--config` once had help text on `run` only.
+    #[test]
+    fn every_argument_of_every_subcommand_has_help_text() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id != "help" && id != "version" && arg.get_help().is_none() {
+                    missing.push(format!("{path} --{id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "outbox-relay", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "arguments without help text: {missing:?}"
+        );
+    }
 }
