@@ -31,6 +31,10 @@ enum LogFormat {
     Json,
 }
 
+/// `slot status`'s exit code for a lost or invalidated slot (1 is "could not tell": bad
+/// configuration, PostgreSQL unreachable).
+const SLOT_LOST_EXIT: u8 = 2;
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the relay until SIGTERM or SIGINT.
@@ -138,7 +142,8 @@ enum SlotCommand {
         accept_gap: bool,
     },
     /// Where the slot stands: position, lag in bytes and time, retained WAL,
-    /// wal_status, the walsender streaming from it, the relay's record.
+    /// wal_status, the walsender streaming from it, the relay's record. Exit 0: the slot
+    /// is usable (or not created yet); 2: it was lost or invalidated; 1: cannot tell.
     Status {
         /// Path of the TOML configuration file.
         #[arg(long, short)]
@@ -321,7 +326,11 @@ fn main() -> ExitCode {
                     } else {
                         print!("{}", status.describe());
                     }
-                    ExitCode::SUCCESS
+                    if status.is_lost() {
+                        ExitCode::from(SLOT_LOST_EXIT)
+                    } else {
+                        ExitCode::SUCCESS
+                    }
                 }
                 Err(e) => fail(&e),
             }

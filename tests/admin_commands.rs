@@ -133,6 +133,19 @@ fn init_apply_gives_a_database_the_relay_runs_against_and_an_insert_only_app_rol
         &config,
         &["init", "--apply", "--admin-url", &admin],
     ));
+    // The preflight finds what init set up complete, the takeover privilege included:
+    // no warning right after init.
+    let check = command(&config, &["check", "--json"]);
+    let findings: serde_json::Value =
+        serde_json::from_slice(&check.stdout).expect("check --json prints a JSON array");
+    let findings = findings.as_array().expect("an array of findings");
+    assert!(
+        findings.iter().any(|f| f["id"] == "postgres.takeover"),
+        "{findings:?}"
+    );
+    let not_ok: Vec<_> = findings.iter().filter(|f| f["status"] != "ok").collect();
+    assert!(not_ok.is_empty(), "check after init: {not_ok:?}");
+    assert!(check.status.success());
 
     let relay = start_relay(&pg, &config);
     let ids = insert_as_app(&pg, &[("order", "now"), ("order", "now")]);
@@ -230,6 +243,16 @@ fn slot_drop_is_refused_while_streaming_and_keeps_the_record_unless_told() {
     let (_, said) = succeeded(&command(&config, &["slot", "drop"]));
     assert!(said.contains("dropped replication slot"), "{said}");
     assert_eq!(pg.slot_confirmed_flush_lsn(SLOT), None);
+    // A slot dropped after the relay streamed from it is lost: `slot status` says so
+    // with exit code 2, for scripts and probes.
+    let lost = command(&config, &["slot", "status"]);
+    let text = String::from_utf8_lossy(&lost.stdout);
+    assert_eq!(lost.status.code(), Some(2), "{text}");
+    assert!(text.contains("the slot was lost"), "{text}");
+    let lost = command(&config, &["slot", "status", "--json"]);
+    assert_eq!(lost.status.code(), Some(2));
+    let json: serde_json::Value = serde_json::from_slice(&lost.stdout).expect("one JSON object");
+    assert_eq!(json["lost"], true);
     // The record stays: a relay refuses to replace the slot silently.
     let (status, _, stderr) = support::run_relay_to_exit(&config, WAIT);
     assert!(!status.success());

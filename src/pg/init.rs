@@ -66,17 +66,26 @@ pub fn setup_sql(spec: &InitSpec) -> String {
         quote_literal(&spec.publication),
         quote_ident(&spec.publication),
     ));
+    // The state table's schema needs its own USAGE only when it is another schema.
+    let state_schema_usage = if spec.state_table.schema == spec.table.schema {
+        String::new()
+    } else {
+        format!(
+            "GRANT USAGE ON SCHEMA {} TO {relay};\n",
+            quote_ident(&spec.state_table.schema)
+        )
+    };
     sql.push_str(&format!(
         "\n-- The relay: streams the WAL (REPLICATION), reads the outbox, keeps its record\n\
          -- (DELETE for `slot drop --forget`).\n\
          {}\n\
          GRANT USAGE ON SCHEMA {schema} TO {relay};\n\
          GRANT SELECT ON {table} TO {relay};\n\
-         GRANT USAGE ON SCHEMA {} TO {relay};\n\
-         GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {relay};\n",
+         {state_schema_usage}\
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {relay};\n{}",
         create_role_sql(&spec.relay_role, "LOGIN REPLICATION"),
-        quote_ident(&spec.state_table.schema),
         spec.state_table.quoted(),
+        takeover_grant_sql(&spec.relay_role),
     ));
     sql.push_str(&format!(
         "\n-- The application: may INSERT into the outbox, nothing else (no UPDATE, DELETE\n\
@@ -97,6 +106,18 @@ pub fn setup_sql(spec: &InitSpec) -> String {
     sql
 }
 
+/// Takeover from a silent relay: a waiting instance reads the streaming walsender's
+/// `reply_time` in `pg_stat_replication`, which only `pg_read_all_stats` shows for
+/// another session ([`crate::relay::takeover`]). Granting a role it already has is a
+/// notice, so the script stays safe to repeat.
+fn takeover_grant_sql(relay_role: &str) -> String {
+    format!(
+        "-- Takeover from a relay whose host vanished: see the walsender's reply_time.\n\
+         GRANT pg_read_all_stats TO {};\n",
+        quote_ident(relay_role)
+    )
+}
+
 /// A messages-only set-up: state table, a publication without tables (pgoutput needs
 /// one to start), the relay role, the app role that may emit messages.
 fn table_less_sql(spec: &InitSpec) -> String {
@@ -110,7 +131,7 @@ fn table_less_sql(spec: &InitSpec) -> String {
          CREATE PUBLICATION {} WITH (publish = 'insert');\n  END IF;\nEND $$;\n\n\
          -- The relay: streams the WAL (REPLICATION), keeps its record.\n{}\n\
          GRANT USAGE ON SCHEMA {} TO {relay};\n\
-         GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {relay};\n\n\
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {relay};\n{}\n\
          -- The application: writes events with pg_logical_emit_message.\n{}\n{}\n\
          -- Set the passwords (not kept in this script):\n\
          --   ALTER ROLE {relay} PASSWORD '...';\n\
@@ -121,6 +142,7 @@ fn table_less_sql(spec: &InitSpec) -> String {
         create_role_sql(&spec.relay_role, "LOGIN REPLICATION"),
         quote_ident(&spec.state_table.schema),
         spec.state_table.quoted(),
+        takeover_grant_sql(&spec.relay_role),
         create_role_sql(&spec.app_role, "LOGIN"),
         emit_message_grants_sql(&spec.app_role),
     )
@@ -246,8 +268,20 @@ mod tests {
             "CREATE ROLE \"outbox_relay\" LOGIN REPLICATION;",
             "GRANT SELECT ON \"public\".\"outbox\" TO \"outbox_relay\";",
             "GRANT INSERT ON \"public\".\"outbox\" TO \"app_writer\";",
+            "GRANT pg_read_all_stats TO \"outbox_relay\";",
         ] {
             assert!(sql.contains(needle), "{needle} in\n{sql}");
+        }
+        // Each statement once (the state table shares the outbox's schema).
+        let statements: Vec<&str> = sql
+            .lines()
+            .filter(|line| line.starts_with("GRANT ") || line.starts_with("CREATE "))
+            .collect();
+        for (i, statement) in statements.iter().enumerate() {
+            assert!(
+                !statements[..i].contains(statement),
+                "{statement} twice in\n{sql}"
+            );
         }
         assert!(
             sql.lines()

@@ -85,6 +85,16 @@ pub struct SlotStatus {
 }
 
 impl SlotStatus {
+    /// The slot cannot stream what the relay still owes: it was lost (dropped after the
+    /// relay streamed from it) or PostgreSQL invalidated it (`wal_status = lost`, or an
+    /// `invalidation_reason`). `slot status` exits non-zero then, for scripts and probes.
+    pub fn is_lost(&self) -> bool {
+        if !self.exists {
+            return self.recorded_streamed;
+        }
+        self.wal_status.as_deref() == Some("lost") || self.invalidation_reason.is_some()
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "slot": self.slot,
@@ -97,6 +107,7 @@ impl SlotStatus {
             "wal_status": self.wal_status,
             "invalidation_reason": self.invalidation_reason,
             "failover": self.failover,
+            "lost": self.is_lost(),
             "lag_bytes": self.lag_bytes,
             "retained_bytes": self.retained_bytes,
             "safe_wal_size": self.safe_wal_size,
@@ -443,4 +454,58 @@ pub async fn cleanup(
     }
     conn.close(Duration::from_secs(1)).await;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SlotStatus;
+
+    fn status(
+        exists: bool,
+        wal_status: Option<&str>,
+        reason: Option<&str>,
+        streamed: bool,
+    ) -> SlotStatus {
+        SlotStatus {
+            slot: "outbox_relay".into(),
+            exists,
+            active: false,
+            active_pid: None,
+            confirmed_flush_lsn: None,
+            restart_lsn: None,
+            current_lsn: None,
+            wal_status: wal_status.map(str::to_owned),
+            invalidation_reason: reason.map(str::to_owned),
+            failover: false,
+            lag_bytes: None,
+            retained_bytes: None,
+            safe_wal_size: None,
+            max_slot_wal_keep_size: None,
+            flush_lag_seconds: None,
+            recorded_acknowledged_at: None,
+            recorded_acknowledged_lsn: None,
+            recorded_streamed: streamed,
+        }
+    }
+
+    #[test]
+    fn a_slot_is_lost_when_dropped_after_streaming_or_invalidated() {
+        // Not created yet: the relay creates it; nothing is owed.
+        assert!(!status(false, None, None, false).is_lost());
+        // Gone after the relay streamed from it.
+        assert!(status(false, None, None, true).is_lost());
+        for usable in ["reserved", "extended", "unreserved"] {
+            assert!(
+                !status(true, Some(usable), None, true).is_lost(),
+                "{usable}"
+            );
+        }
+        assert!(status(true, Some("lost"), None, true).is_lost());
+        // PostgreSQL 16+ names why (rows_removed, wal_level_insufficient, ...).
+        assert!(status(true, Some("reserved"), Some("rows_removed"), true).is_lost());
+        assert_eq!(
+            status(true, Some("lost"), None, true).to_json()["lost"],
+            true
+        );
+    }
 }
