@@ -254,7 +254,10 @@ fn outbox_table(table: Option<&TableFacts>, target: &Target<'_>, out: &mut Vec<F
         out.push(Finding::problem(
             "outbox.table",
             format!("the outbox table {name} does not exist in this database"),
-            "create it (sql/outbox.sql has the default shape) or set [outbox] table to the right name",
+            format!(
+                "create it: `outbox-relay init {}` prints the SQL (the table, the publication, the roles; --apply runs it), sql/outbox.sql has the default shape; or set [outbox] table to the right name",
+                target.config_hint
+            ),
         ));
         return;
     };
@@ -452,6 +455,19 @@ fn publication(
         });
         return;
     };
+    if table.is_none() {
+        // No outbox to add to the publication yet: the fix is creating it, which the
+        // outbox.table finding gives; ADD TABLE or SET TABLE of a missing table fails.
+        // A warning: the problem itself is the outbox.table finding's.
+        return out.push(Finding::warning(
+            ID,
+            format!("publication {name:?} exists, but the outbox table {} it must publish does not", spec.table),
+            format!(
+                "create the outbox table first (`outbox-relay init {}` prints the SQL), then check again",
+                target.config_hint
+            ),
+        ));
+    }
     let mut problems = Vec::new();
     let mut fixes = Vec::new();
     if !publication.inserts {

@@ -299,6 +299,39 @@ fn the_publication_must_publish_inserts_of_the_outbox_alone() {
         &["publish_via_partition_root = true"],
     );
 
+    // A missing outbox table: create it first; no ALTER PUBLICATION of a table that
+    // does not exist.
+    for tables in [vec![], vec![("public".to_owned(), "orders".to_owned())]] {
+        let mut facts = with(&|p| p.tables = tables.clone());
+        facts.table = Ok(None);
+        let found = check(&facts, &[]);
+        let publication = found
+            .iter()
+            .find(|f| f.id == "postgres.publication")
+            .expect("a publication finding");
+        let fix = publication.fix.as_deref().unwrap_or("");
+        assert!(
+            fix.contains("outbox-relay init --config relay.toml"),
+            "{fix}"
+        );
+        assert!(
+            !fix.contains("ADD TABLE") && !fix.contains("SET TABLE"),
+            "{fix}"
+        );
+        let table = found
+            .iter()
+            .find(|f| f.id == "outbox.table")
+            .expect("outbox.table");
+        assert!(
+            table
+                .fix
+                .as_deref()
+                .unwrap_or("")
+                .contains("outbox-relay init --config relay.toml"),
+            "{table:?}"
+        );
+    }
+
     // Missing: created by the relay when it may, else the statement to run.
     let mut facts = healthy();
     facts.publication = Ok(None);
