@@ -444,22 +444,24 @@ fn kafka_topics_constant_or_by_prefix() {
 }
 
 #[test]
-fn reports_mask_secrets_and_count_problems() {
-    let report = Report {
-        findings: vec![
-            Finding::ok("a", "fine"),
-            Finding::problem("b", "password hunter2 leaked", "fix"),
-        ],
-        secrets: vec!["hunter2".into()],
-    };
+fn reports_print_findings_as_built_and_count_problems() {
+    // The text is never searched for secrets: a name that happens to equal a password
+    // is printed as it is (the findings are built without secrets).
+    let report = Report::new(vec![
+        Finding::ok("a", "fine"),
+        Finding::problem("b", "no publication \"orders_relay\"", "fix"),
+    ]);
     assert!(report.has_problems());
     let text = report.text();
-    assert!(!text.contains("hunter2") && text.contains("***"), "{text}");
+    assert!(
+        text.contains("\"orders_relay\"") && !text.contains("***"),
+        "{text}"
+    );
     assert!(text.contains("1 problem(s)"), "{text}");
     let json: serde_json::Value = serde_json::from_str(&report.json()).unwrap();
     assert_eq!(json[1]["status"], "problem");
+    assert_eq!(json[1]["message"], "no publication \"orders_relay\"");
     assert_eq!(json[0]["fix"], serde_json::Value::Null);
-    assert!(!report.json().contains("hunter2"));
 }
 
 #[test]
