@@ -210,6 +210,22 @@ fn every_config_problem_is_listed_at_once_with_its_key() {
     );
 }
 
+/// `[kafka]` (and `[dead_letter]`) without `[sink]`: the sink would be stdout, printing
+/// the events and acknowledging them while Kafka's consumers wait; refused, saying how
+/// to fix it.
+#[test]
+fn a_kafka_section_on_the_stdout_sink_is_refused() {
+    refused_by_check_and_run(
+        "[postgres]\nurl = \"postgres://relay@127.0.0.1:9/app\"\n\
+         [kafka]\nbrokers = \"127.0.0.1:9092\"\n[dead_letter]\ntopic = \"dead\"\n",
+        &[
+            "a [kafka] section is set but the sink is stdout",
+            "[sink] type = \"kafka\"",
+            "remove the [kafka] section",
+        ],
+    );
+}
+
 /// A secret of every TOML type in every secret-bearing key, from the file and from the
 /// environment: `check` and `run` refuse it naming the key, never the value (serde
 /// quotes integers, floats and booleans in its type errors).

@@ -404,11 +404,11 @@ mod tests {
                 (format!("[postgres]\nurl = {value}\n"), "postgres.url"),
                 (format!("[postgres]\n{url}password = {value}\n"), "postgres.password"),
                 (
-                    format!("[postgres]\n{url}[kafka]\nbrokers = \"k:9092\"\n[kafka.properties]\n\"sasl.password\" = {value}\n"),
+                    format!("[postgres]\n{url}[sink]\ntype = \"kafka\"\n[kafka]\nbrokers = \"k:9092\"\n[kafka.properties]\n\"sasl.password\" = {value}\n"),
                     "kafka.properties.\"sasl.password\"",
                 ),
                 (
-                    format!("[postgres]\n{url}[kafka]\nbrokers = \"k:9092\"\nproperties = {{ \"ssl.key.pem\" = {value} }}\n"),
+                    format!("[postgres]\n{url}[sink]\ntype = \"kafka\"\n[kafka]\nbrokers = \"k:9092\"\nproperties = {{ \"ssl.key.pem\" = {value} }}\n"),
                     "kafka.properties.\"ssl.key.pem\"",
                 ),
             ] {
