@@ -90,7 +90,7 @@ impl Config {
         let mut problems = Vec::new();
         for (name, value) in std::env::vars_os() {
             let Some(name) = name.to_str() else { continue };
-            if name.starts_with(env::PREFIX) || name == PGPASSWORD {
+            if name.starts_with(env::SHORT_PREFIX) || name == PGPASSWORD {
                 match value.into_string() {
                     Ok(value) => vars.push((name.to_owned(), value)),
                     Err(_) => problems.push(format!("{name}: not valid UTF-8")),
