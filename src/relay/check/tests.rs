@@ -543,3 +543,33 @@ fn a_table_less_relay_needs_a_publication_without_tables_and_postgresql_14() {
         "{old:#?}"
     );
 }
+
+#[test]
+fn a_table_without_a_type_column_is_warned_unless_type_column_is_unset() {
+    let mut facts = healthy();
+    if let Ok(Some(table)) = &mut facts.table {
+        table.columns.retain(|c| c.name != "type");
+    }
+    let warned = |findings: &[Finding]| {
+        findings
+            .iter()
+            .any(|f| f.id == "outbox.type_column" && f.status == Status::Warning)
+    };
+    assert!(warned(&check(&facts, &[])));
+    let router = Router::try_new(&OutboxConfig {
+        type_column: String::new(),
+        ..OutboxConfig::default()
+    })
+    .unwrap();
+    let found = findings(
+        &facts,
+        &Target {
+            spec: &spec(),
+            columns: router.columns(),
+            additional: router.additional(),
+            config_hint: "--config relay.toml".into(),
+        },
+    );
+    assert!(!warned(&found), "{found:#?}");
+    assert!(problems(&found).is_empty(), "{found:#?}");
+}
