@@ -90,7 +90,7 @@ impl Config {
         let mut problems = Vec::new();
         for (name, value) in std::env::vars_os() {
             let Some(name) = name.to_str() else { continue };
-            if name.starts_with(env::PREFIX) || name == PGPASSWORD {
+            if name.starts_with(env::SHORT_PREFIX) || name == PGPASSWORD {
                 match value.into_string() {
                     Ok(value) => vars.push((name.to_owned(), value)),
                     Err(_) => problems.push(format!("{name}: not valid UTF-8")),
@@ -169,7 +169,18 @@ impl Config {
                 problems.extend(kafka.problems());
                 Some(SinkSpec::Kafka(kafka))
             }
-            (SinkKind::Stdout, _) => Some(SinkSpec::Stdout),
+            // Only the Kafka sink reads [kafka] (exactly_once is in it): on stdout a
+            // [kafka] section means the file meant Kafka, and running would print the
+            // events and acknowledge them while Kafka's consumers wait. [dead_letter]
+            // is not Kafka-only: the stdout sink prints a dead letter as a line of its
+            // topic, so it keeps its meaning there.
+            (SinkKind::Stdout, Some(_)) => {
+                problems.push(
+                    "kafka: a [kafka] section is set but the sink is stdout ([sink] type is \"stdout\", the default when unset), which prints the events on stdout and acknowledges them, never sending them to Kafka; set [sink] type = \"kafka\" (or OUTBOX_RELAY__SINK__TYPE=kafka), or remove the [kafka] section".into(),
+                );
+                None
+            }
+            (SinkKind::Stdout, None) => Some(SinkSpec::Stdout),
         };
         if let Some(dead_letter) = &self.dead_letter {
             problems.extend(dead_letter.problems());
@@ -347,6 +358,32 @@ mod tests {
             all.contains("kafka.properties.\"delivery.timeout.ms\""),
             "{all}"
         );
+    }
+
+    #[test]
+    fn a_kafka_section_on_the_stdout_sink_is_refused() {
+        let kafka = "[kafka]\nbrokers = \"k:9092\"\n[dead_letter]\ntopic = \"dead\"\n";
+        for sink in ["", "[sink]\ntype = \"stdout\"\n"] {
+            let config = parse(&format!(
+                "[postgres]\nurl = \"postgres://u@h/d\"\n{sink}{kafka}"
+            ))
+            .unwrap();
+            let all = config.validate(None).unwrap_err().join("\n");
+            assert!(
+                all.starts_with("kafka: a [kafka] section is set but the sink is stdout"),
+                "{all}"
+            );
+            assert!(
+                all.contains("[sink] type = \"kafka\"")
+                    && all.contains("remove the [kafka] section"),
+                "{all}"
+            );
+        }
+        // [dead_letter] alone keeps its meaning on stdout (dead letters are printed).
+        let config =
+            parse("[postgres]\nurl = \"postgres://u@h/d\"\n[dead_letter]\ntopic = \"dead\"\n")
+                .unwrap();
+        assert!(config.validate(None).is_ok());
     }
 
     #[test]

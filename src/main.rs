@@ -192,16 +192,13 @@ fn main() -> ExitCode {
             let settings = match Config::load(&config) {
                 Ok(settings) => settings,
                 Err(ConfigError::Invalid { problems, .. }) if json => {
-                    println!(
-                        "{}",
-                        Report::new(check::config_problems(&problems), None).json()
-                    );
+                    println!("{}", Report::new(check::config_problems(&problems)).json());
                     return ExitCode::FAILURE;
                 }
                 Err(e) if json => {
                     println!(
                         "{}",
-                        Report::new(check::config_problems(&[e.to_string()]), None).json()
+                        Report::new(check::config_problems(&[e.to_string()])).json()
                     );
                     return ExitCode::FAILURE;
                 }
@@ -224,7 +221,7 @@ fn main() -> ExitCode {
                 findings
                     .extend(runtime.block_on(check::live(&settings, &format!("--config {shown}"))));
             }
-            let report = Report::new(findings, Some(&settings));
+            let report = Report::new(findings);
             if json {
                 println!("{}", report.json());
             } else {

@@ -210,6 +210,78 @@ fn every_config_problem_is_listed_at_once_with_its_key() {
     );
 }
 
+/// `[kafka]` (and `[dead_letter]`) without `[sink]`: the sink would be stdout, printing
+/// the events and acknowledging them while Kafka's consumers wait; refused, saying how
+/// to fix it.
+#[test]
+fn a_kafka_section_on_the_stdout_sink_is_refused() {
+    refused_by_check_and_run(
+        "[postgres]\nurl = \"postgres://relay@127.0.0.1:9/app\"\n\
+         [kafka]\nbrokers = \"127.0.0.1:9092\"\n[dead_letter]\ntopic = \"dead\"\n",
+        &[
+            "a [kafka] section is set but the sink is stdout",
+            "[sink] type = \"kafka\"",
+            "remove the [kafka] section",
+        ],
+    );
+}
+
+/// A secret of every TOML type in every secret-bearing key, from the file and from the
+/// environment: `check` and `run` refuse it naming the key, never the value (serde
+/// quotes integers, floats and booleans in its type errors).
+#[test]
+fn a_secret_of_any_type_is_refused_without_its_value() {
+    let values = [
+        "87654321",
+        "8765.4321",
+        "true",
+        "[\"Zq-secret-a\"]",
+        "{ zq = \"Zq-secret-t\" }",
+    ];
+    let url = "url = \"postgres://relay@127.0.0.1:9/app\"\n";
+    for value in values {
+        for (toml, key) in [
+            (format!("[postgres]\nurl = {value}\n"), "postgres.url"),
+            (
+                format!("[postgres]\n{url}password = {value}\n"),
+                "postgres.password",
+            ),
+            (
+                format!(
+                    "[postgres]\n{url}[sink]\ntype = \"kafka\"\n[kafka]\nbrokers = \"127.0.0.1:9\"\n\
+                     [kafka.properties]\n\"sasl.password\" = {value}\n"
+                ),
+                "kafka.properties.\"sasl.password\"",
+            ),
+        ] {
+            let stderr = refused_by_check_and_run(&toml, &[key, "must be a string"]);
+            for secret in ["8765", "Zq-secret", "true"] {
+                assert!(
+                    !stderr.contains(secret),
+                    "{secret} of {toml} echoed:\n{stderr}"
+                );
+            }
+        }
+    }
+    // From the environment a value is a string (secret keys take text as it is), so
+    // nothing is refused for its type; a bad URL there is refused without its text.
+    let file = ConfigFile::new("[outbox]\ntable = \"public.outbox\"\n");
+    let output = Command::new(relay_bin())
+        .args(["check", "--offline", "--config"])
+        .arg(&file.path)
+        .env(
+            "OUTBOX_RELAY__POSTGRES__URL",
+            "mysql://relay:87654321@h/app",
+        )
+        .env("OUTBOX_RELAY__KAFKA__PROPERTIES__SASL_PASSWORD", "87654321")
+        .output()
+        .expect("running outbox-relay check");
+    let stderr = plain(&String::from_utf8_lossy(&output.stderr));
+    assert_failed(output.status, &stderr);
+    assert_mentions(&stderr, &["postgres.url", "OUTBOX_RELAY__POSTGRES__URL"]);
+    assert!(!stderr.contains("8765"), "secret echoed:\n{stderr}");
+}
+
 /// A Kafka sink config on an address nothing listens on (a refused config never
 /// connects), with `extra` appended.
 fn kafka_config_with(extra: &str) -> String {

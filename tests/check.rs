@@ -555,6 +555,33 @@ fn offline_does_not_connect() {
     );
 }
 
+/// A password equal to the user name, the database name, or a part of the state
+/// table's name: the report shows those names as they are (a report built by
+/// find-and-replace printed `as "***"` and `"public"."outbox_***_state"`, telling the
+/// password and breaking the fixes).
+#[test]
+fn a_password_equal_to_a_name_leaves_the_names_whole() {
+    let pg = relay_cluster(PgOptions::default());
+    for password in ["relay", "app", "state"] {
+        pg.client_db("app")
+            .batch_execute(&format!("ALTER ROLE relay PASSWORD '{password}'"))
+            .expect("setting the password");
+        let config = stdout_config(&pg).replace(
+            &pg.url("postgres", None, "app"),
+            &pg.url("relay", Some(password), "app"),
+        );
+        let checked = check(&config, &[]);
+        assert!(checked.status.success(), "healthy:\n{}", checked.output());
+        let text = &checked.stdout;
+        assert!(text.contains("as \"relay\""), "{text}");
+        assert!(text.contains("/app as"), "{text}");
+        assert!(text.contains("outbox_relay_state"), "{text}");
+        // The only stars are the URL's password.
+        assert_eq!(text.matches("***").count(), 1, "{text}");
+        assert!(text.contains("postgres://relay:***@127.0.0.1"), "{text}");
+    }
+}
+
 #[test]
 fn a_wrong_password_is_reported_without_printing_it() {
     let pg = relay_cluster(PgOptions::default());

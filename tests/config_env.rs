@@ -386,3 +386,35 @@ fn a_relay_configured_from_the_environment_streams_with_a_password_file() {
 fn path_str(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 temp path")
 }
+
+/// An override with one underscore after the prefix (`OUTBOX_RELAY_POSTGRES__SLOT`)
+/// would be ignored, the relay running on the file's value: `check` and `run` refuse it
+/// naming the right spelling. Tooling variables with the prefix (`OUTBOX_RELAY_BIN`,
+/// `OUTBOX_RELAY_KAFKA_LIBS`) name no key and stay allowed.
+#[test]
+fn an_override_with_one_underscore_after_the_prefix_is_refused() {
+    let toml = stdout_config_with_url("postgres://relay@127.0.0.1:9/app");
+    for (variable, right) in [
+        (
+            "OUTBOX_RELAY_POSTGRES__SLOT",
+            "OUTBOX_RELAY__POSTGRES__SLOT",
+        ),
+        (
+            "OUTBOX_RELAY_RELAY_MAX_IN_FLIGHT",
+            "OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT",
+        ),
+    ] {
+        refused_without_secrets(
+            &toml,
+            &[(variable, "5")],
+            &[],
+            &[variable, "one underscore", right],
+        );
+    }
+    let file = ConfigFile::new(&toml);
+    let (status, stdout, stderr) = file.check(&[
+        ("OUTBOX_RELAY_BIN", "/not/an/override"),
+        ("OUTBOX_RELAY_KAFKA_LIBS", "/not/an/override"),
+    ]);
+    assert!(status.success(), "{stdout}{stderr}");
+}

@@ -136,12 +136,18 @@ pub fn apply(
     table: &mut Table,
     vars: impl IntoIterator<Item = (String, String)>,
 ) -> Result<Vec<Override>, Vec<String>> {
+    let mut problems = Vec::new();
     let mut vars: Vec<(String, String)> = vars
         .into_iter()
-        .filter(|(name, _)| name.starts_with(PREFIX))
+        .filter(|(name, _)| {
+            if let Some(problem) = misspelled(name) {
+                problems.push(problem);
+            }
+            name.starts_with(PREFIX)
+        })
         .collect();
     vars.sort();
-    let mut problems = Vec::new();
+    problems.sort();
     let mut applied: Vec<(Vec<String>, Override)> = Vec::new();
     for (variable, text) in vars {
         let (path, kind) = match resolve(&variable) {
@@ -177,6 +183,34 @@ pub fn apply(
     } else {
         Err(problems)
     }
+}
+
+/// The start of a variable that means an override but misses an underscore.
+pub const SHORT_PREFIX: &str = "OUTBOX_RELAY_";
+
+/// The problem of `variable` when it starts with `OUTBOX_RELAY_` (one underscore) and
+/// then names a section and one of its keys (`OUTBOX_RELAY_POSTGRES__SLOT`): an override
+/// the relay would otherwise ignore. Other `OUTBOX_RELAY_*` names are left alone: the
+/// test and deploy tooling reads some (`OUTBOX_RELAY_BIN`, `OUTBOX_RELAY_KAFKA_LIBS`),
+/// and the relay may inherit them.
+fn misspelled(variable: &str) -> Option<String> {
+    if variable.starts_with(PREFIX) {
+        return None;
+    }
+    let rest = variable.strip_prefix(SHORT_PREFIX)?.to_ascii_lowercase();
+    KEYS.iter().find_map(|(section, keys)| {
+        let after = rest.strip_prefix(section)?.strip_prefix('_')?;
+        let after = after.trim_start_matches('_');
+        let (key, _) = keys.iter().find(|(key, _)| {
+            after == *key || after.strip_prefix(key).is_some_and(|r| r.starts_with('_'))
+        })?;
+        Some(format!(
+            "{variable}: looks like an override of {section}.{key} with one underscore after OUTBOX_RELAY; write {PREFIX}{}__{}{} (two underscores after the prefix and between parts), or unset it",
+            section.to_ascii_uppercase(),
+            key.to_ascii_uppercase(),
+            if after.len() > key.len() { "__<…>" } else { "" }
+        ))
+    })
 }
 
 /// The key path a variable names, and how its value is read.
@@ -415,6 +449,18 @@ mod tests {
             ("OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT__X", "no keys below it"),
             // One underscore where two belong.
             ("OUTBOX_RELAY__KAFKA_BROKERS", "no configuration section"),
+            (
+                "OUTBOX_RELAY_POSTGRES__SLOT",
+                "write OUTBOX_RELAY__POSTGRES__SLOT",
+            ),
+            (
+                "OUTBOX_RELAY_DEAD_LETTER_TOPIC",
+                "write OUTBOX_RELAY__DEAD_LETTER__TOPIC",
+            ),
+            (
+                "OUTBOX_RELAY_KAFKA__PROPERTIES__SASL_PASSWORD",
+                "write OUTBOX_RELAY__KAFKA__PROPERTIES__<…>",
+            ),
         ] {
             let err = applied("", &[(name, "x")]).unwrap_err();
             assert!(err.starts_with(name), "{name}: {err}");

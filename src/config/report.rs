@@ -28,7 +28,6 @@ pub fn syntax_error(text: &str, error: &toml::de::Error) -> String {
 /// A deserialization error of the (merged) tree: the key path, where it is in `text`
 /// or the variable that set it, and the reason without quoted string values.
 pub fn shape_error(text: &str, error: &toml::de::Error, overrides: &[Override]) -> String {
-    let reason = without_strings(error.message().trim_end());
     // Deserializing a tree gives no position, but names the path in its `Display`,
     // on a last line "in `postgres.url`".
     let rendered = error.to_string();
@@ -39,6 +38,14 @@ pub fn shape_error(text: &str, error: &toml::de::Error, overrides: &[Override]) 
         .and_then(|line| line.strip_suffix('`'))
         .map(split_path)
         .unwrap_or_default();
+    // A secret key's value is never quoted, whatever its type (serde quotes integers,
+    // floats and booleans too): its message is built from the key alone. Secret keys
+    // are strings, so any error of one is of its type.
+    let reason = if is_secret_key(&path) {
+        "must be a string (the value is not shown: it is a secret)".to_owned()
+    } else {
+        without_strings(error.message().trim_end())
+    };
     // The key an unknown-field error is about sits below the path.
     let mut key = path.clone();
     if let Some(field) = quoted_after(&reason, "unknown field `") {
@@ -91,6 +98,18 @@ pub fn shape_error(text: &str, error: &toml::de::Error, overrides: &[Override]) 
         format!("{reason}{place}{hint}")
     } else {
         format!("{shown_key}{place}: {reason}{hint}")
+    }
+}
+
+/// Whether the value at `path` is a secret: `[postgres]` url and password, and the
+/// secret properties of `[kafka.properties]`.
+fn is_secret_key(path: &[String]) -> bool {
+    match path {
+        [section, key] if section == "postgres" => key == "url" || key == "password",
+        [kafka, properties, key] if kafka == "kafka" && properties == "properties" => {
+            crate::sink::kafka_config::is_secret_property(key)
+        }
+        _ => false,
     }
 }
 
@@ -364,5 +383,61 @@ mod tests {
             Some((1, 1))
         );
         assert_eq!(find_key(text, &split_path("relay.x")), None);
+    }
+
+    /// A secret of every TOML type in every secret key: the message names the key and
+    /// never the value (serde quotes integers, floats, booleans and datetimes).
+    #[test]
+    fn a_secret_key_of_any_type_never_shows_its_value() {
+        let values = [
+            "87654321",
+            "8765.4321",
+            "true",
+            "[\"Zq-secret-a\", 87654321]",
+            "{ zq = \"Zq-secret-t\" }",
+            "8765-04-21T08:07:06Z",
+            "8765-04-21",
+        ];
+        let url = "url = \"postgres://u@h/d\"\n";
+        for value in values {
+            for (text, key) in [
+                (format!("[postgres]\nurl = {value}\n"), "postgres.url"),
+                (format!("[postgres]\n{url}password = {value}\n"), "postgres.password"),
+                (
+                    format!("[postgres]\n{url}[sink]\ntype = \"kafka\"\n[kafka]\nbrokers = \"k:9092\"\n[kafka.properties]\n\"sasl.password\" = {value}\n"),
+                    "kafka.properties.\"sasl.password\"",
+                ),
+                (
+                    format!("[postgres]\n{url}[sink]\ntype = \"kafka\"\n[kafka]\nbrokers = \"k:9092\"\nproperties = {{ \"ssl.key.pem\" = {value} }}\n"),
+                    "kafka.properties.\"ssl.key.pem\"",
+                ),
+            ] {
+                let message = match super::super::Config::load_from("relay.toml", &text, []) {
+                    Err(e) => e.to_string(),
+                    // toml hands a datetime to a string as its text: a valid password.
+                    Ok(_) if value.starts_with("8765-") && key != "postgres.url" => continue,
+                    Ok(_) => panic!("{text} is accepted"),
+                };
+                for secret in ["8765", "Zq-secret", "true"] {
+                    assert!(!message.contains(secret), "{text}\n{message}");
+                }
+                assert!(message.contains(key), "{message}");
+                if !value.starts_with("8765-") {
+                    assert!(message.contains("must be a string"), "{message}");
+                }
+            }
+        }
+        // A key that is no secret keeps serde's reason, value and all.
+        let message = super::super::Config::load_from(
+            "relay.toml",
+            "[postgres]\nurl = \"postgres://u@h/d\"\nslot = 87654321\n",
+            [],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            message.contains("invalid type: integer `87654321`"),
+            "{message}"
+        );
     }
 }

@@ -105,7 +105,8 @@ pub struct ResolvedColumns {
     id: Result<usize, RouteError>,
     key: Result<usize, RouteError>,
     route_by: Result<usize, RouteError>,
-    event_type: Result<usize, RouteError>,
+    /// `None` when `outbox.type_column` is `""` (the table has no type column).
+    event_type: Option<Result<usize, RouteError>>,
     payload: Result<(usize, PayloadFormat), RouteError>,
     /// `None` when no timestamp column is configured.
     timestamp: Option<Result<usize, RouteError>>,
@@ -141,7 +142,8 @@ pub struct RouterColumns<'a> {
     pub id: &'a str,
     pub key: &'a str,
     pub route_by: &'a str,
-    pub event_type: &'a str,
+    /// `None` when `outbox.type_column` is `""`.
+    pub event_type: Option<&'a str>,
     pub payload: &'a str,
     pub timestamp: Option<&'a str>,
 }
@@ -199,7 +201,7 @@ impl Router {
             id: &self.id_column,
             key: &self.key_column,
             route_by: &self.route_by_column,
-            event_type: &self.type_column,
+            event_type: Some(self.type_column.as_str()).filter(|c| !c.is_empty()),
             payload: &self.payload_column,
             timestamp: self.timestamp_column.as_deref(),
         }
@@ -245,7 +247,8 @@ impl Router {
             id: find(&self.id_column, "id_column"),
             key: find(&self.key_column, "key_column"),
             route_by: find(&self.route_by_column, "route_by_column"),
-            event_type: find(&self.type_column, "type_column"),
+            event_type: (!self.type_column.is_empty())
+                .then(|| find(&self.type_column, "type_column")),
             payload,
             timestamp: self
                 .timestamp_column
@@ -263,7 +266,10 @@ impl Router {
         columns: &ResolvedColumns,
         row: &TupleData,
     ) -> Result<Option<String>, RouteError> {
-        text(row, columns.event_type.clone()?, &self.type_column)
+        match &columns.event_type {
+            Some(column) => text(row, column.clone()?, &self.type_column),
+            None => Ok(None),
+        }
     }
 
     /// Route one inserted row.

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaConfRes;
 
 /// The `[kafka]` section: owned by the Kafka sink; `config.rs` composes it. Its `Debug`
 /// leaves out the values of secret properties ([`is_secret_property`], and every one
@@ -206,13 +207,21 @@ impl KafkaConfig {
         }
     }
 
-    /// A librdkafka error about this configuration, without the value of any
+    /// A librdkafka error about this configuration, without the value of any secret
     /// property. rdkafka's `Display` of a configuration error appends the property's
     /// value ("Client config error: <reason> <key> <value>"), and librdkafka's own
-    /// reasons quote some values; the reason is kept, values of secret properties cut
-    /// out of it.
+    /// reasons quote values ("Invalid value \"…\" for configuration property …"): for a
+    /// secret property the message is built from its name alone; for another, the
+    /// reason is kept.
     pub fn client_error(&self, error: &KafkaError) -> String {
         let text = match error {
+            KafkaError::ClientConfig(result, _reason, key, _value) if self.is_secret(key) => {
+                let why = match result {
+                    RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN => "librdkafka has no such property",
+                    _ => "librdkafka refuses its value (not shown: it is a secret), or this build does not support the property",
+                };
+                format!("{why} (property \"{key}\")")
+            }
             KafkaError::ClientConfig(_, reason, key, _value) if reason.contains(key.as_str()) => {
                 reason.clone()
             }
@@ -221,6 +230,8 @@ impl KafkaConfig {
             }
             other => other.to_string(),
         };
+        // librdkafka's free text (client creation) is not ours to build; as a last
+        // line of defence, secret values are still cut out of it.
         redact(&text, self.secret_values())
     }
 }

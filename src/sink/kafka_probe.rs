@@ -44,7 +44,7 @@ pub async fn cluster_facts(
     let admin: AdminClient<DefaultClientContext> =
         admin_config(&config.brokers, &config.properties)
             .create()
-            .map_err(|e| ProbeError::Client(e.to_string()))?;
+            .map_err(|e| ProbeError::Client(config.client_error(&e)))?;
     let metadata = tokio::task::spawn_blocking(move || admin.inner().fetch_metadata(None, timeout))
         .await
         .map_err(|e| ProbeError::Unreachable {

@@ -10,8 +10,13 @@
 //!
 //! The I/O parts only collect facts; every judgement is in the pure parts, unit-tested
 //! on facts written by hand. A check that cannot connect says so and skips what needs
-//! that connection. Secrets are never printed: the URL is shown redacted, and every
-//! password the configuration holds is masked in the report whatever produced the text.
+//! that connection. Secrets never reach a finding: the URL is shown by its non-secret
+//! parts ([`crate::pg::url::ConnectParams::redacted`]), configuration errors of secret
+//! keys name the key and never the value, and librdkafka's configuration errors of
+//! secret properties are rebuilt from the property's name
+//! ([`crate::sink::kafka_config::KafkaConfig::client_error`]). Nothing is searched for
+//! and replaced in finished text: a password equal to a user, database or table name
+//! would be starred out of them.
 
 mod gather;
 pub mod kafka;
@@ -29,10 +34,6 @@ use crate::sink::{kafka_probe, SinkSpec};
 
 /// How long the Kafka metadata request may take (as the sink's own admin requests).
 pub const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
-/// Secrets shorter than this are not masked (masking one letter would garble the text).
-const MIN_MASKED_SECRET: usize = 3;
-/// `[kafka.properties]` keys whose values are secrets, matched as parts of the key.
-const SECRET_PROPERTY_PARTS: &[&str] = &["password", "secret", "key.pem", "oauthbearer.config"];
 
 /// How a finding stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -85,20 +86,15 @@ impl Finding {
     }
 }
 
-/// Every finding of one run, with the secrets to mask when printing.
+/// Every finding of one run.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
     pub findings: Vec<Finding>,
-    secrets: Vec<String>,
 }
 
 impl Report {
-    /// A report of `findings` that masks `settings`' secrets.
-    pub fn new(findings: Vec<Finding>, settings: Option<&Settings>) -> Self {
-        Report {
-            findings,
-            secrets: settings.map(secrets).unwrap_or_default(),
-        }
+    pub fn new(findings: Vec<Finding>) -> Self {
+        Report { findings }
     }
 
     /// Whether any finding is a problem (exit 1).
@@ -131,7 +127,7 @@ impl Report {
         } else {
             format!("no problems, {warnings} warning(s): the relay can run\n")
         });
-        self.mask(text)
+        text
     }
 
     /// The findings as a JSON array of `{id, status, message, fix}`.
@@ -142,44 +138,8 @@ impl Report {
                 e.to_string()
             )
         });
-        self.mask(text)
-    }
-
-    fn mask(&self, mut text: String) -> String {
-        for secret in &self.secrets {
-            if secret.len() >= MIN_MASKED_SECRET {
-                text = text.replace(secret.as_str(), "***");
-            }
-        }
         text
     }
-}
-
-/// The password of `[postgres] url` (or PGPASSWORD) and the secret Kafka properties.
-fn secrets(settings: &Settings) -> Vec<String> {
-    let mut secrets: Vec<String> = settings
-        .connect
-        .password
-        .iter()
-        .map(|p| p.expose().to_owned())
-        .collect();
-    // The url itself (it holds the password, maybe percent-encoded).
-    secrets.push(settings.postgres.url.expose().to_owned());
-    if let SinkSpec::Kafka(kafka) = &settings.sink {
-        secrets.extend(
-            kafka
-                .properties
-                .iter()
-                .filter(|(key, _)| {
-                    let key = key.to_ascii_lowercase();
-                    SECRET_PROPERTY_PARTS.iter().any(|part| key.contains(part))
-                })
-                .map(|(_, value)| value.clone()),
-        );
-    }
-    // Longest first, so a secret containing another is masked whole.
-    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    secrets
 }
 
 /// The finding of a configuration that loaded.

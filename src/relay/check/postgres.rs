@@ -302,12 +302,14 @@ fn outbox_table(table: Option<&TableFacts>, target: &Target<'_>, out: &mut Vec<F
         cols.route_by,
         ColumnRule::RouteBy,
     );
-    each(
-        "outbox.type_column",
-        "type_column",
-        cols.event_type,
-        ColumnRule::Type,
-    );
+    if let Some(event_type) = cols.event_type {
+        each(
+            "outbox.type_column",
+            "type_column",
+            event_type,
+            ColumnRule::Type,
+        );
+    }
     each(
         "outbox.payload_column",
         "payload_column",

@@ -35,6 +35,7 @@ pub struct OutboxConfig {
     pub key_column: String,
     #[serde(default = "default_route_by_column")]
     pub route_by_column: String,
+    /// The event type's column, for logs and dead letters; `""`: the table has none.
     #[serde(default = "default_type_column")]
     pub type_column: String,
     #[serde(default = "default_payload_column")]
@@ -95,7 +96,6 @@ impl OutboxConfig {
             ("outbox.id_column", &self.id_column),
             ("outbox.key_column", &self.key_column),
             ("outbox.route_by_column", &self.route_by_column),
-            ("outbox.type_column", &self.type_column),
             ("outbox.payload_column", &self.payload_column),
             ("outbox.topic", &self.topic),
         ] {

@@ -633,6 +633,19 @@ fn type_column_is_reported_only_when_used() {
 }
 
 #[test]
+fn an_empty_type_column_means_the_table_has_none() {
+    let router = router(&OutboxConfig {
+        type_column: String::new(),
+        ..OutboxConfig::default()
+    });
+    let without_type = relation(&[("id", TEXT), ("aggregatetype", TEXT), ("payload", TEXT)]);
+    let columns = router.resolve(&without_type);
+    let row = row(&[Some("e"), Some("A"), Some("p")]);
+    assert_eq!(router.event_type(&columns, &row), Ok(None));
+    assert!(router.columns().event_type.is_none());
+}
+
+#[test]
 fn try_new_returns_every_problem_with_its_key_path() {
     let config = OutboxConfig {
         topic_regex: "(unclosed".into(),
