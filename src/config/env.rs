@@ -91,6 +91,7 @@ pub const KEYS: &[(&str, &[(&str, Kind)])] = &[
             ("offsets_topic", Kind::Str),
             ("transaction_ms", Kind::Int),
             ("transaction_max_events", Kind::Int),
+            ("transaction_max_bytes", Kind::Int),
         ],
     ),
     ("dead_letter", &[("topic", Kind::Str)]),

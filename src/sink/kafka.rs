@@ -268,6 +268,13 @@ impl KafkaSink {
                         .transaction_max_events
                         .map_or(bound, |n| n.min(bound))
                 },
+                // Half the byte bound, for the same reason.
+                max_bytes: {
+                    let bound = (queue.bytes / 2).max(1);
+                    settings
+                        .transaction_max_bytes
+                        .map_or(bound, |n| n.min(bound))
+                },
             }),
             _ => None,
         };
@@ -425,6 +432,7 @@ impl Sink for KafkaSink {
         }
         // Borrowed when there is no envelope: librdkafka copies the bytes itself.
         let value = event.value();
+        let bytes = self.eos.as_ref().map_or(0, |_| event.record_bytes());
         let in_flight = Box::new(InFlight {
             tag: Some(tag),
             event: self.keep_events.then(|| Box::new(event.clone())),
@@ -446,7 +454,7 @@ impl Sink for KafkaSink {
         drop(value);
         let Err(error) = outcome else {
             if let Some(eos) = &mut self.eos {
-                eos.sent(tag);
+                eos.sent(tag, bytes);
             }
             return Ok(());
         };

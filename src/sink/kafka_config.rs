@@ -68,6 +68,10 @@ pub struct KafkaConfig {
     /// checkpoint counts its committed events).
     #[serde(default)]
     pub transaction_max_events: Option<u64>,
+    /// ... or once its records (key + value + headers) reach this many bytes; default
+    /// and cap: half of `[relay] max_in_flight_bytes`, for the same reason.
+    #[serde(default)]
+    pub transaction_max_bytes: Option<u64>,
 }
 
 /// The offsets topic's default name.
@@ -105,6 +109,7 @@ impl fmt::Debug for KafkaConfig {
             .field("offsets_topic", &self.offsets_topic)
             .field("transaction_ms", &self.transaction_ms)
             .field("transaction_max_events", &self.transaction_max_events)
+            .field("transaction_max_bytes", &self.transaction_max_bytes)
             .finish()
     }
 }
@@ -143,6 +148,9 @@ impl KafkaConfig {
             }
             if self.transaction_max_events == Some(0) {
                 problems.push("kafka.transaction_max_events: must be at least 1".into());
+            }
+            if self.transaction_max_bytes == Some(0) {
+                problems.push("kafka.transaction_max_bytes: must be at least 1".into());
             }
         }
         for (key, value) in &self.properties {

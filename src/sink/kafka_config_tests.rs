@@ -23,6 +23,7 @@ fn kafka(properties: &[(&str, &str)]) -> KafkaConfig {
         offsets_topic: DEFAULT_OFFSETS_TOPIC.into(),
         transaction_ms: DEFAULT_TRANSACTION_MS,
         transaction_max_events: None,
+        transaction_max_bytes: None,
     }
 }
 
