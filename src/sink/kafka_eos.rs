@@ -565,17 +565,8 @@ mod tests {
 
     #[test]
     fn a_transaction_full_in_bytes_splits() {
-        let mut txns = Transactions::new(EosSettings {
-            max_bytes: 1_000,
-            ..settings(100, 60_000)
-        });
-        txns.started(
-            Session {
-                slot: "s".into(),
-                system_id: "7301".into(),
-            },
-            None,
-        );
+        let mut txns = started(100, 60_000);
+        txns.settings.max_bytes = 1_000;
         txns.transaction_begin(Lsn(500), 0);
         txns.opened();
         txns.sent(tag(0, 0), 600);
