@@ -167,6 +167,10 @@ impl Config {
             (SinkKind::Kafka, Some(mut kafka)) => {
                 problems.extend(kafka.read_property_files());
                 problems.extend(kafka.problems());
+                problems.extend(crate::sink::kafka_config::check_queue_kbytes(
+                    &kafka.properties,
+                    self.relay.max_in_flight_bytes,
+                ));
                 Some(SinkSpec::Kafka(kafka))
             }
             // Only the Kafka sink reads [kafka] (exactly_once is in it): on stdout a

@@ -124,6 +124,24 @@ impl OutboxEvent {
         out.push(b'}');
         Some(Cow::Owned(out))
     }
+
+    /// The record's size as handed to the sink: key, value and headers (names and
+    /// values), in bytes. What the relay's in-flight byte bound counts. With envelope
+    /// fields the value is built to be measured (its exact length).
+    pub fn record_bytes(&self) -> u64 {
+        let value = match (self.tombstone, self.envelope.is_empty()) {
+            (true, _) => 0,
+            (false, true) => self.payload.as_ref().map_or(0, |p| p.len()),
+            (false, false) => self.value().map_or(0, |v| v.len()),
+        };
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|h| h.name.len() + h.value.as_ref().map_or(0, String::len))
+            .sum();
+        let key = self.key.as_ref().map_or(0, String::len);
+        u64::try_from(key + value + headers).unwrap_or(u64::MAX)
+    }
 }
 
 /// Standard base64 (RFC 4648, with padding), appended to `out`.
@@ -147,4 +165,50 @@ pub(crate) fn push_base64(out: &mut Vec<u8>, bytes: &[u8]) {
 pub(crate) fn push_json_string(out: &mut Vec<u8>, text: &str) {
     // serde_json's string escaping is exact; writing into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *out, text);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(envelope: Vec<EnvelopeField>, tombstone: bool) -> OutboxEvent {
+        OutboxEvent {
+            topic: "a-topic-not-counted".into(),
+            partition: None,
+            key: Some("k1".into()),
+            headers: vec![
+                Header {
+                    name: "id".into(),
+                    value: Some("abc".into()),
+                },
+                Header {
+                    name: "h".into(),
+                    value: None,
+                },
+            ],
+            payload: Some(bytes::Bytes::from_static(b"{\"n\":1}")),
+            payload_format: PayloadFormat::Json,
+            envelope,
+            tombstone,
+            lsn: Lsn(1),
+            timestamp_ms: 0,
+        }
+    }
+
+    #[test]
+    fn record_bytes_count_key_value_and_headers() {
+        // key 2 + value 7 + headers ("id" 2 + "abc" 3 + "h" 1).
+        assert_eq!(event(Vec::new(), false).record_bytes(), 2 + 7 + 6);
+        assert_eq!(event(Vec::new(), true).record_bytes(), 2 + 6, "no value");
+        let enveloped = event(
+            vec![EnvelopeField {
+                name: "t".into(),
+                json: "1".into(),
+            }],
+            false,
+        );
+        let value = enveloped.value().map_or(0, |v| v.len()) as u64;
+        assert_eq!(value, br#"{"payload":{"n":1},"t":1}"#.len() as u64);
+        assert_eq!(enveloped.record_bytes(), 2 + value + 6);
+    }
 }

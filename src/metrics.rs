@@ -22,6 +22,7 @@ pub const KAFKA_TRANSACTIONS_TOTAL: &str = "outbox_relay_kafka_transactions_tota
 pub const SKIPPED_COMMITTED_TOTAL: &str = "outbox_relay_skipped_committed_total";
 pub const TAKEOVERS_TOTAL: &str = "outbox_relay_takeovers_total";
 pub const IN_FLIGHT: &str = "outbox_relay_in_flight_events";
+pub const IN_FLIGHT_BYTES: &str = "outbox_relay_in_flight_bytes";
 pub const FLUSH_LSN: &str = "outbox_relay_flush_lsn";
 pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
 pub const LAST_STATUS_UNIX_SECONDS: &str = "outbox_relay_last_status_update_unix_seconds";
@@ -84,6 +85,8 @@ pub struct Metrics {
     /// Walsenders of a silent relay this standby ended to take the slot over.
     pub takeovers: AtomicU64,
     pub in_flight: AtomicU64,
+    /// Bytes (key + value + headers) of the events in flight.
+    pub in_flight_bytes: AtomicU64,
     pub flush_lsn: AtomicU64,
     pub received_lsn: AtomicU64,
     pub last_status_unix_seconds: AtomicU64,
@@ -292,6 +295,12 @@ impl Metrics {
                 get(&self.in_flight),
             ),
             (
+                IN_FLIGHT_BYTES,
+                "gauge",
+                "Bytes (record key, value and headers) of the events handed to the sink and not yet confirmed.",
+                get(&self.in_flight_bytes),
+            ),
+            (
                 FLUSH_LSN,
                 "gauge",
                 "Position acknowledged to PostgreSQL (flush LSN, as a number).",
@@ -445,6 +454,7 @@ mod tests {
         let metrics = Metrics::new();
         Metrics::add(&metrics.events, 3);
         Metrics::set(&metrics.flush_lsn, 0x1_0000_0000);
+        Metrics::set(&metrics.in_flight_bytes, 4096);
         let text = metrics.render();
         assert!(
             text.contains(&format!(
@@ -456,11 +466,17 @@ mod tests {
             text.contains(&format!("{FLUSH_LSN} 4294967296\n")),
             "{text}"
         );
-        // 17 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
+        assert!(
+            text.contains(&format!(
+                "# TYPE {IN_FLIGHT_BYTES} gauge\n{IN_FLIGHT_BYTES} 4096\n"
+            )),
+            "{text}"
+        );
+        // 18 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
         // per-topic series before any delivery.
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
-            17 + 1 + 17
+            18 + 1 + 17
         );
     }
 
@@ -568,6 +584,7 @@ mod tests {
                 "outbox_relay_skipped_committed_total counter",
                 "outbox_relay_takeovers_total counter",
                 "outbox_relay_in_flight_events gauge",
+                "outbox_relay_in_flight_bytes gauge",
                 "outbox_relay_flush_lsn gauge",
                 "outbox_relay_received_lsn gauge",
                 "outbox_relay_last_status_update_unix_seconds gauge",

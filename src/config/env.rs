@@ -5,6 +5,7 @@
 //! ```text
 //! OUTBOX_RELAY__KAFKA__BROKERS=k1:9092            kafka.brokers = "k1:9092"
 //! OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT=5000         relay.max_in_flight = 5000
+//! OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT_BYTES=8388608 relay.max_in_flight_bytes = 8388608
 //! OUTBOX_RELAY__KAFKA__PROPERTIES__SASL_PASSWORD  kafka.properties."sasl.password"
 //! ```
 //!
@@ -90,6 +91,7 @@ pub const KEYS: &[(&str, &[(&str, Kind)])] = &[
             ("offsets_topic", Kind::Str),
             ("transaction_ms", Kind::Int),
             ("transaction_max_events", Kind::Int),
+            ("transaction_max_bytes", Kind::Int),
         ],
     ),
     ("dead_letter", &[("topic", Kind::Str)]),
@@ -97,6 +99,7 @@ pub const KEYS: &[(&str, &[(&str, Kind)])] = &[
         "relay",
         &[
             ("max_in_flight", Kind::Int),
+            ("max_in_flight_bytes", Kind::Int),
             ("shutdown_timeout_ms", Kind::Int),
             ("stall_release_ms", Kind::Int),
         ],
@@ -355,6 +358,7 @@ mod tests {
             &[
                 ("OUTBOX_RELAY__POSTGRES__URL", "postgres://env@h/d"),
                 ("OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT", " 5000 "),
+                ("OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT_BYTES", "8388608"),
                 ("OUTBOX_RELAY__POSTGRES__FAILOVER_SLOT", "FALSE"),
                 ("OUTBOX_RELAY__KAFKA__BROKERS", "k1:9092,k2:9092"),
                 ("OUTBOX_RELAY__KAFKA__TOPIC_PARTITIONS", "-1"),
@@ -367,7 +371,7 @@ mod tests {
         .unwrap();
         let expected: Table = toml::from_str(
             "[postgres]\nurl = \"postgres://env@h/d\"\nfailover_slot = false\n\
-             [relay]\nshutdown_timeout_ms = 5\nmax_in_flight = 5000\n\
+             [relay]\nshutdown_timeout_ms = 5\nmax_in_flight = 5000\nmax_in_flight_bytes = 8388608\n\
              [kafka]\nbrokers = \"k1:9092,k2:9092\"\ntopic_partitions = -1\n\
              [outbox]\ntopic = \" 123 \"\n",
         )

@@ -27,6 +27,10 @@
 //! passed in, so the tracker stays pure). The age of the oldest undelivered event is
 //! what stall detection watches: one stuck partition shows there even while every other
 //! partition delivers.
+//!
+//! The ticket also carries the event's size in bytes (the record's key, value and
+//! headers as handed to the sink), so the tracker knows the bytes in flight as well as
+//! the events: [`AckTracker::has_room`] is the pipeline's backpressure test on both.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -52,6 +56,14 @@ pub enum AckError {
     TooManyReports { seq: TxnSeq },
 }
 
+/// How much may be in flight before reading pauses (`[relay] max_in_flight` and
+/// `max_in_flight_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InFlightLimits {
+    pub events: u64,
+    pub bytes: u64,
+}
+
 /// Tracks transactions from Begin to full delivery.
 #[derive(Debug, Default)]
 pub struct AckTracker {
@@ -67,9 +79,11 @@ pub struct AckTracker {
     /// The highest position the outbox watch vouched for (no bound until
     /// [`AckTracker::cap_at`] sets one).
     vouched: Lsn,
-    /// Send time of every undelivered event, by ticket serial (= send order).
-    outstanding: BTreeMap<u64, Instant>,
+    /// Send time and size of every undelivered event, by ticket serial (= send order).
+    outstanding: BTreeMap<u64, (Instant, u64)>,
     next_serial: u64,
+    /// The sum of the sizes in `outstanding`.
+    bytes: u64,
 }
 
 impl AckTracker {
@@ -125,16 +139,23 @@ impl AckTracker {
             .ok_or(AckError::UnknownTxn { seq })
     }
 
-    /// One event of transaction `seq` was handed to the sink at `now` (which must not
-    /// go backwards between calls). The ticket settles it in [`AckTracker::delivered`].
-    pub fn event_sent(&mut self, seq: TxnSeq, now: Instant) -> Result<Ticket, AckError> {
+    /// One event of transaction `seq`, of `bytes` bytes, was handed to the sink at `now`
+    /// (which must not go backwards between calls). The ticket settles it in
+    /// [`AckTracker::delivered`].
+    pub fn event_sent(
+        &mut self,
+        seq: TxnSeq,
+        now: Instant,
+        bytes: u64,
+    ) -> Result<Ticket, AckError> {
         self.state(seq)?.undelivered += 1;
         let ticket = Ticket {
             seq,
             serial: self.next_serial,
         };
         self.next_serial += 1;
-        self.outstanding.insert(ticket.serial, now);
+        self.outstanding.insert(ticket.serial, (now, bytes));
+        self.bytes = self.bytes.saturating_add(bytes);
         Ok(ticket)
     }
 
@@ -150,9 +171,10 @@ impl AckTracker {
     pub fn delivered(&mut self, ticket: Ticket) -> Result<(), AckError> {
         let seq = ticket.seq;
         self.state(seq)?;
-        if self.outstanding.remove(&ticket.serial).is_none() {
+        let Some((_, bytes)) = self.outstanding.remove(&ticket.serial) else {
             return Err(AckError::TooManyReports { seq });
-        }
+        };
+        self.bytes = self.bytes.saturating_sub(bytes);
         let state = self.state(seq)?;
         state.undelivered = state
             .undelivered
@@ -165,7 +187,7 @@ impl AckTracker {
     pub fn oldest_undelivered_age(&self, now: Instant) -> Option<Duration> {
         self.outstanding
             .first_key_value()
-            .map(|(_, sent)| now.saturating_duration_since(*sent))
+            .map(|(_, (sent, _))| now.saturating_duration_since(*sent))
     }
 
     /// A keepalive said everything before `wal_end` was sent.
@@ -176,6 +198,20 @@ impl AckTracker {
     /// Events handed to the sink and not yet delivered.
     pub fn in_flight(&self) -> u64 {
         u64::try_from(self.outstanding.len()).unwrap_or(u64::MAX)
+    }
+
+    /// Bytes of the events handed to the sink and not yet delivered.
+    pub fn in_flight_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether another event may be read: fewer events than the event bound in flight,
+    /// and fewer bytes than the byte bound. The next event's size is not known before it
+    /// is read, so what is in flight stays below the bounds plus one event; an event
+    /// larger than the byte bound is admitted when little enough is in flight (always
+    /// when nothing is), and then nothing more until it is delivered.
+    pub fn has_room(&self, limits: InFlightLimits) -> bool {
+        self.in_flight() < limits.events && self.bytes < limits.bytes
     }
 
     /// Transactions begun and not yet fully delivered.
@@ -230,7 +266,7 @@ mod tests {
         let mut t = AckTracker::new(Lsn(100), 0);
         t.cap_at(Lsn(100));
         t.begin(0).unwrap();
-        let ticket = t.event_sent(0, t0()).unwrap();
+        let ticket = t.event_sent(0, t0(), 1).unwrap();
         t.commit(0, Lsn(200)).unwrap();
         t.delivered(ticket).unwrap();
         t.keepalive(Lsn(300));
@@ -255,8 +291,8 @@ mod tests {
         let now = t0();
         let mut t = AckTracker::new(Lsn(100), 0);
         t.begin(0).unwrap();
-        let a = t.event_sent(0, now).unwrap();
-        let b = t.event_sent(0, now).unwrap();
+        let a = t.event_sent(0, now, 1).unwrap();
+        let b = t.event_sent(0, now, 1).unwrap();
         t.commit(0, Lsn(200)).unwrap();
         assert_eq!(t.flush_lsn(), Lsn(100), "nothing delivered yet");
         t.delivered(a).unwrap();
@@ -273,7 +309,7 @@ mod tests {
         let mut tickets = Vec::new();
         for (seq, end) in [(5, 10), (6, 20)] {
             t.begin(seq).unwrap();
-            tickets.push(t.event_sent(seq, now).unwrap());
+            tickets.push(t.event_sent(seq, now, 1).unwrap());
             t.commit(seq, Lsn(end)).unwrap();
         }
         t.delivered(tickets[1]).unwrap();
@@ -286,7 +322,7 @@ mod tests {
     fn an_uncommitted_transaction_is_never_acknowledged() {
         let mut t = AckTracker::new(Lsn(0), 0);
         t.begin(0).unwrap();
-        let ticket = t.event_sent(0, t0()).unwrap();
+        let ticket = t.event_sent(0, t0(), 1).unwrap();
         t.delivered(ticket).unwrap();
         t.keepalive(Lsn(500));
         assert_eq!(
@@ -335,9 +371,12 @@ mod tests {
                 expected: 0
             })
         );
-        assert_eq!(t.event_sent(0, now), Err(AckError::UnknownTxn { seq: 0 }));
+        assert_eq!(
+            t.event_sent(0, now, 1),
+            Err(AckError::UnknownTxn { seq: 0 })
+        );
         t.begin(0).unwrap();
-        let ticket = t.event_sent(0, now).unwrap();
+        let ticket = t.event_sent(0, now, 1).unwrap();
         t.delivered(ticket).unwrap();
         assert_eq!(
             t.delivered(ticket),
@@ -357,12 +396,12 @@ mod tests {
         assert_eq!(t.oldest_undelivered_age(at(0)), None, "nothing in flight");
         t.begin(0).unwrap();
         // One event on a stuck partition, sent at 0 ms.
-        let stuck = t.event_sent(0, at(0)).unwrap();
+        let stuck = t.event_sent(0, at(0), 1).unwrap();
         t.commit(0, Lsn(10)).unwrap();
         // Later transactions keep being sent and delivered (other partitions).
         for seq in 1..=50u64 {
             t.begin(seq).unwrap();
-            let ticket = t.event_sent(seq, at(seq * 100)).unwrap();
+            let ticket = t.event_sent(seq, at(seq * 100), 1).unwrap();
             t.commit(seq, Lsn(10 + seq * 10)).unwrap();
             t.delivered(ticket).unwrap();
         }
@@ -383,9 +422,9 @@ mod tests {
         let at = |ms: u64| start + Duration::from_millis(ms);
         let mut t = AckTracker::new(Lsn(0), 0);
         t.begin(0).unwrap();
-        let first = t.event_sent(0, at(0)).unwrap();
-        let second = t.event_sent(0, at(1_000)).unwrap();
-        let third = t.event_sent(0, at(2_000)).unwrap();
+        let first = t.event_sent(0, at(0), 1).unwrap();
+        let second = t.event_sent(0, at(1_000), 1).unwrap();
+        let third = t.event_sent(0, at(2_000), 1).unwrap();
         assert_eq!(
             t.oldest_undelivered_age(at(3_000)),
             Some(Duration::from_secs(3))
@@ -410,6 +449,70 @@ mod tests {
         );
     }
 
+    const LIMITS: InFlightLimits = InFlightLimits {
+        events: 100,
+        bytes: 1_000,
+    };
+
+    #[test]
+    fn reading_pauses_at_the_byte_bound_and_resumes_on_delivery() {
+        let now = t0();
+        let mut t = AckTracker::new(Lsn(0), 0);
+        t.begin(0).unwrap();
+        assert!(t.has_room(LIMITS), "nothing in flight");
+        let a = t.event_sent(0, now, 600).unwrap();
+        assert!(t.has_room(LIMITS), "600 of 1000 bytes");
+        let b = t.event_sent(0, now, 300).unwrap();
+        assert!(t.has_room(LIMITS), "900 of 1000 bytes");
+        let c = t.event_sent(0, now, 100).unwrap();
+        assert_eq!(t.in_flight_bytes(), 1_000);
+        assert!(!t.has_room(LIMITS), "at the bound: reading pauses");
+        assert_eq!(t.in_flight(), 3, "far below the event bound");
+        t.delivered(b).unwrap();
+        assert_eq!(t.in_flight_bytes(), 700);
+        assert!(t.has_room(LIMITS), "a delivery frees room");
+        t.delivered(a).unwrap();
+        t.delivered(c).unwrap();
+        assert_eq!(t.in_flight_bytes(), 0);
+    }
+
+    #[test]
+    fn an_event_larger_than_the_byte_bound_goes_alone() {
+        let now = t0();
+        let mut t = AckTracker::new(Lsn(0), 0);
+        t.begin(0).unwrap();
+        assert!(t.has_room(LIMITS), "nothing in flight: admitted");
+        let big = t.event_sent(0, now, 5_000).unwrap();
+        assert!(
+            !t.has_room(LIMITS),
+            "nothing else is read while the oversize event is in flight"
+        );
+        t.delivered(big).unwrap();
+        assert!(t.has_room(LIMITS), "delivered: reading goes on");
+        let small = t.event_sent(0, now, 10).unwrap();
+        assert!(t.has_room(LIMITS));
+        t.delivered(small).unwrap();
+        t.commit(0, Lsn(10)).unwrap();
+        assert_eq!(t.flush_lsn(), Lsn(10));
+    }
+
+    #[test]
+    fn the_event_bound_still_pauses_small_events() {
+        let now = t0();
+        let limits = InFlightLimits {
+            events: 2,
+            bytes: 1_000,
+        };
+        let mut t = AckTracker::new(Lsn(0), 0);
+        t.begin(0).unwrap();
+        let a = t.event_sent(0, now, 1).unwrap();
+        assert!(t.has_room(limits));
+        t.event_sent(0, now, 1).unwrap();
+        assert!(!t.has_room(limits), "two events: the event bound");
+        t.delivered(a).unwrap();
+        assert!(t.has_room(limits));
+    }
+
     proptest::proptest! {
         /// Random interleavings of deliveries: the flush LSN never passes a transaction
         /// with an undelivered event, never goes back, and ends at the last end_lsn.
@@ -425,7 +528,7 @@ mod tests {
                 let seq = seq as u64;
                 t.begin(seq).unwrap();
                 for _ in 0..*size {
-                    pending.push(t.event_sent(seq, now).unwrap());
+                    pending.push(t.event_sent(seq, now, 1).unwrap());
                 }
                 t.commit(seq, Lsn((seq + 1) * 100)).unwrap();
             }

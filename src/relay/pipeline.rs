@@ -8,9 +8,9 @@
 //! 3. the status timer: keeps the walsender alive even while reading is paused, and a
 //!    deferred update when the acknowledged position moved within the last
 //!    [`PROMPT_ACK_GAP`](crate::relay::feedback::PROMPT_ACK_GAP);
-//! 4. new input from PostgreSQL, only while fewer than `max_in_flight` events are
-//!    undelivered and no record waits (for its topic, or for producer queue room):
-//!    backpressure by not reading.
+//! 4. new input from PostgreSQL, only while fewer than `max_in_flight` events and
+//!    fewer than `max_in_flight_bytes` bytes are undelivered and no record waits (for
+//!    its topic, or for producer queue room): backpressure by not reading.
 //!
 //! Nothing in the loop waits for Kafka: a new topic is created by a task
 //! ([`KafkaSink::topic_status`]) whose outcome arrives as a notice; the events behind it
@@ -33,7 +33,7 @@ use crate::pg::diagnose;
 use crate::pg::pgoutput::{self, PgTimestamp, StreamState};
 use crate::pg::replication::{ReplicationFrame, StandbyStatusUpdate};
 use crate::pg::Lsn;
-use crate::relay::ack::AckTracker;
+use crate::relay::ack::{AckTracker, InFlightLimits};
 use crate::relay::deadletter::{self, DeadLetter, Refusal};
 use crate::relay::feedback::{feedback, Feedback};
 use crate::relay::lag::CommitTimes;
@@ -91,7 +91,8 @@ pub(super) struct Pipeline {
     pub(super) notices: mpsc::UnboundedReceiver<SinkNotice>,
     pub(super) tracker: AckTracker,
     pub(super) assembler: TxnAssembler,
-    pub(super) max_in_flight: u64,
+    /// `[relay] max_in_flight` and `max_in_flight_bytes`.
+    pub(super) limits: InFlightLimits,
     pub(super) dead_letter_topic: Option<String>,
     /// The outbox table, for dead-letter headers.
     pub(super) source_table: String,
@@ -139,7 +140,7 @@ impl Pipeline {
         let mut timer = tokio::time::interval(interval);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let reading = self.waiting.is_empty() && self.tracker.in_flight() < self.max_in_flight;
+            let reading = self.waiting.is_empty() && self.tracker.has_room(self.limits);
             tokio::select! {
                 biased;
                 () = stopped(stop) => {
@@ -319,7 +320,7 @@ impl Pipeline {
                     Ok(event) => self.dispatch(event, seq)?,
                     Err(row_error) => self.dead_letter_row(row_error, seq)?,
                 }
-                if self.tracker.in_flight() >= self.max_in_flight || !self.waiting.is_empty() {
+                if !self.tracker.has_room(self.limits) || !self.waiting.is_empty() {
                     // About to stop reading: make sure what is buffered can be delivered.
                     self.sink.flush()?;
                 }
@@ -362,7 +363,9 @@ impl Pipeline {
     /// dead-letter topic's own name is refused here: sent there as it is, it would be
     /// taken for a dead letter (and a dead letter's failures are handled differently).
     fn dispatch(&mut self, event: OutboxEvent, seq: TxnSeq) -> Result<(), RelayError> {
-        let ticket = self.tracker.event_sent(seq, Instant::now())?;
+        let ticket = self
+            .tracker
+            .event_sent(seq, Instant::now(), event.record_bytes())?;
         let tag = RecordTag {
             ticket,
             dead_letter: false,
@@ -520,23 +523,20 @@ impl Pipeline {
             dead_letter_topic = %topic,
             "event sent to the dead-letter topic"
         );
-        let ticket = self.tracker.event_sent(seq, Instant::now())?;
         self.progress.dead_lettered += 1;
         Metrics::add(&self.metrics.dead_lettered, 1);
         self.metrics
             .dead_lettered_by_topic
             .add(letter.original_topic.as_deref().unwrap_or(""), 1);
+        let event = letter.into_event(&topic);
+        let ticket = self
+            .tracker
+            .event_sent(seq, Instant::now(), event.record_bytes())?;
         let tag = RecordTag {
             ticket,
             dead_letter: true,
         };
-        self.push(
-            Waiting {
-                event: letter.into_event(&topic),
-                tag,
-            },
-            place,
-        );
+        self.push(Waiting { event, tag }, place);
         Ok(())
     }
 
@@ -632,6 +632,10 @@ impl Pipeline {
             self.commit_times.lag_ms(now_ms),
         );
         Metrics::set(&self.metrics.in_flight, self.tracker.in_flight());
+        Metrics::set(
+            &self.metrics.in_flight_bytes,
+            self.tracker.in_flight_bytes(),
+        );
         let unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());

@@ -128,6 +128,7 @@ pub async fn backfill(
         notice_tx,
         SinkOptions {
             max_in_flight: settings.relay.max_in_flight,
+            max_in_flight_bytes: settings.relay.max_in_flight_bytes,
             keep_events: false,
             metrics: crate::metrics::Metrics::new(),
             // Not transactional even with exactly_once: a backfill sends copies on
@@ -160,7 +161,7 @@ pub async fn backfill(
     let mut tracker = AckTracker::new(Lsn::ZERO, 0);
     tracker.begin(0)?;
     let mut ready_topics: HashSet<String> = HashSet::new();
-    let max_in_flight = settings.relay.max_in_flight();
+    let limits = settings.relay.limits();
     loop {
         let batch = conn
             .simple_query(&format!("FETCH {BACKFILL_BATCH} FROM outbox_backfill"))
@@ -215,7 +216,7 @@ pub async fn backfill(
             if ready_topics.insert(event.topic.clone()) {
                 sink.ensure_topic(&event.topic).await?;
             }
-            let ticket = tracker.event_sent(0, std::time::Instant::now())?;
+            let ticket = tracker.event_sent(0, std::time::Instant::now(), event.record_bytes())?;
             let tag = RecordTag {
                 ticket,
                 dead_letter: false,
@@ -238,7 +239,7 @@ pub async fn backfill(
                     Err(SendError::Sink(error)) => return Err(error.into()),
                 }
             }
-            if tracker.in_flight() >= max_in_flight {
+            if !tracker.has_room(limits) {
                 sink.flush()?;
                 settle(&mut notices, &mut tracker, &mut report, 1).await?;
             }

@@ -249,6 +249,7 @@ async fn run_attempt(
         notice_tx,
         SinkOptions {
             max_in_flight: settings.relay.max_in_flight,
+            max_in_flight_bytes: settings.relay.max_in_flight_bytes,
             keep_events: dead_letter_topic.is_some(),
             metrics: Arc::clone(metrics),
             slot: Some(spec.slot.to_string()),
@@ -342,7 +343,7 @@ async fn run_attempt(
             0,
         )
         .with_messages(settings.messages.clone(), settings.outbox_enabled),
-        max_in_flight: settings.relay.max_in_flight(),
+        limits: settings.relay.limits(),
         dead_letter_topic,
         source_table: settings.table.to_string(),
         publication: spec.publication.clone(),

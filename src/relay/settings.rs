@@ -12,6 +12,7 @@ use crate::pg::config::PostgresConfig;
 use crate::pg::slot::SourceSpec;
 use crate::pg::sql::QualifiedName;
 use crate::pg::url::ConnectParams;
+use crate::relay::ack::InFlightLimits;
 use crate::relay::messages::MessageRouter;
 use crate::relay::router::Router;
 use crate::sink::SinkSpec;
@@ -19,6 +20,15 @@ use crate::sink::SinkSpec;
 /// Events handed to the sink but not yet confirmed, before reading pauses. Bounds memory
 /// whatever the transaction size; large enough to keep a Kafka producer's batches full.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 100_000;
+/// Bytes of events (key + value + headers as handed to the sink, see
+/// [`crate::event::OutboxEvent::record_bytes`]) in flight before reading pauses. 16 MiB:
+/// an in-flight event is held about three times (the relay's copy kept for the
+/// dead-letter topic, librdkafka's copy in its queue, and its batch being compressed),
+/// so ~48 MiB plus the relay's own ~15 MiB stays within the 64 MB goal and far inside the
+/// 256 Mi container of deploy/k8s; and it is still thousands of typical (4 KB) events,
+/// more than a producer needs to keep its batches full over a few milliseconds of
+/// broker round trip.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 16 * 1024 * 1024;
 /// How long a graceful shutdown waits for in-flight deliveries.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
 /// A sink with events in flight and no confirmation for this long releases the
@@ -31,6 +41,10 @@ pub const DEFAULT_STALL_RELEASE_MS: u64 = 60_000;
 pub struct RelayConfig {
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Bytes in flight at most (key + value + headers of each record) before reading
+    /// pauses; a single larger event still goes, alone.
+    #[serde(default = "default_max_in_flight_bytes")]
+    pub max_in_flight_bytes: u64,
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
     /// With events in flight and no delivery confirmed for this long, let the
@@ -44,6 +58,7 @@ impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
             stall_release_ms: DEFAULT_STALL_RELEASE_MS,
         }
@@ -60,12 +75,23 @@ impl RelayConfig {
         if self.max_in_flight == 0 {
             problems.push("relay.max_in_flight: must be greater than 0".into());
         }
+        if self.max_in_flight_bytes == 0 {
+            problems.push("relay.max_in_flight_bytes: must be greater than 0 (16777216, 16 MiB, is the default)".into());
+        }
         problems
     }
 
     /// `max_in_flight` as the tracker counts.
     pub fn max_in_flight(&self) -> u64 {
         u64::try_from(self.max_in_flight).unwrap_or(u64::MAX)
+    }
+
+    /// Both in-flight bounds, as the tracker checks them.
+    pub fn limits(&self) -> InFlightLimits {
+        InFlightLimits {
+            events: self.max_in_flight(),
+            bytes: self.max_in_flight_bytes,
+        }
     }
 }
 
@@ -132,6 +158,9 @@ impl Settings {
 
 fn default_max_in_flight() -> usize {
     DEFAULT_MAX_IN_FLIGHT
+}
+fn default_max_in_flight_bytes() -> u64 {
+    DEFAULT_MAX_IN_FLIGHT_BYTES
 }
 fn default_stall_release_ms() -> u64 {
     DEFAULT_STALL_RELEASE_MS

@@ -41,7 +41,9 @@ use crate::lsn::Lsn;
 use crate::metrics::Metrics;
 use crate::sink::checkpoint::Checkpoint;
 use crate::sink::kafka_config::KafkaConfig;
-use crate::sink::kafka_config::{admin_config, producer_config, transactional_producer_config};
+use crate::sink::kafka_config::{
+    admin_config, message_max_bytes, producer_config, transactional_producer_config, QueueBound,
+};
 use crate::sink::kafka_eos::{self, EosSettings, Transactions};
 use crate::sink::kafka_errors::{
     action, client_error_stop, is_size_error, redact, stop_hint, ErrorAction,
@@ -52,9 +54,6 @@ use crate::sink::{
     DeliveryFailure, NoticeSender, RecordTag, SendError, Session, Sink, SinkError, SinkFuture,
     SinkNotice, TopicStatus,
 };
-
-/// librdkafka's default `message.max.bytes`.
-const LIBRDKAFKA_MESSAGE_MAX_BYTES: u32 = 1_000_000;
 
 /// Per-message state carried through librdkafka to the delivery callback.
 pub(super) struct InFlight {
@@ -241,21 +240,17 @@ impl Drop for KafkaSink {
 const ABORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl KafkaSink {
-    /// Build the producer and admin client. `max_in_flight` sizes the producer queue;
-    /// `keep_events` keeps in-flight events for the dead-letter topic.
+    /// Build the producer and admin client. `queue` (the in-flight bounds) sizes the
+    /// producer queue; `keep_events` keeps in-flight events for the dead-letter topic.
     pub fn new(
         settings: &KafkaConfig,
         notices: NoticeSender,
-        max_in_flight: usize,
+        queue: QueueBound,
         keep_events: bool,
         metrics: Arc<Metrics>,
         slot: Option<&str>,
     ) -> Result<Self, SinkError> {
-        let max_message_bytes = settings
-            .properties
-            .get("message.max.bytes")
-            .cloned()
-            .unwrap_or_else(|| LIBRDKAFKA_MESSAGE_MAX_BYTES.to_string());
+        let max_message_bytes = message_max_bytes(&settings.properties).to_string();
         let eos = match slot {
             Some(slot) if settings.exactly_once => Some(EosSettings {
                 transactional_id: settings
@@ -268,9 +263,16 @@ impl KafkaSink {
                 // transaction commits, and reading pauses at the bound, so a fuller
                 // transaction could wait for ever for the end of its PostgreSQL one.
                 max_events: {
-                    let bound = u64::try_from(max_in_flight / 2).unwrap_or(u64::MAX).max(1);
+                    let bound = u64::try_from(queue.messages / 2).unwrap_or(u64::MAX).max(1);
                     settings
                         .transaction_max_events
+                        .map_or(bound, |n| n.min(bound))
+                },
+                // Half the byte bound, for the same reason.
+                max_bytes: {
+                    let bound = (queue.bytes / 2).max(1);
+                    settings
+                        .transaction_max_bytes
                         .map_or(bound, |n| n.min(bound))
                 },
             }),
@@ -280,10 +282,10 @@ impl KafkaSink {
             Some(eos) => transactional_producer_config(
                 &settings.brokers,
                 &settings.properties,
-                max_in_flight,
+                queue,
                 &eos.transactional_id,
             ),
-            None => producer_config(&settings.brokers, &settings.properties, max_in_flight),
+            None => producer_config(&settings.brokers, &settings.properties, queue),
         };
         let producer: ThreadedProducer<RelayContext> = config
             .create_with_context(RelayContext {
@@ -430,6 +432,7 @@ impl Sink for KafkaSink {
         }
         // Borrowed when there is no envelope: librdkafka copies the bytes itself.
         let value = event.value();
+        let bytes = self.eos.as_ref().map_or(0, |_| event.record_bytes());
         let in_flight = Box::new(InFlight {
             tag: Some(tag),
             event: self.keep_events.then(|| Box::new(event.clone())),
@@ -451,7 +454,7 @@ impl Sink for KafkaSink {
         drop(value);
         let Err(error) = outcome else {
             if let Some(eos) = &mut self.eos {
-                eos.sent(tag);
+                eos.sent(tag, bytes);
             }
             return Ok(());
         };

@@ -69,6 +69,10 @@ pub struct KafkaConfig {
     /// checkpoint counts its committed events).
     #[serde(default)]
     pub transaction_max_events: Option<u64>,
+    /// ... or once its records (key + value + headers) reach this many bytes; default
+    /// and cap: half of `[relay] max_in_flight_bytes`, for the same reason.
+    #[serde(default)]
+    pub transaction_max_bytes: Option<u64>,
 }
 
 /// The offsets topic's default name.
@@ -106,6 +110,7 @@ impl fmt::Debug for KafkaConfig {
             .field("offsets_topic", &self.offsets_topic)
             .field("transaction_ms", &self.transaction_ms)
             .field("transaction_max_events", &self.transaction_max_events)
+            .field("transaction_max_bytes", &self.transaction_max_bytes)
             .finish()
     }
 }
@@ -144,6 +149,9 @@ impl KafkaConfig {
             }
             if self.transaction_max_events == Some(0) {
                 problems.push("kafka.transaction_max_events: must be at least 1".into());
+            }
+            if self.transaction_max_bytes == Some(0) {
+                problems.push("kafka.transaction_max_bytes: must be at least 1".into());
             }
         }
         for (key, value) in &self.properties {
@@ -401,16 +409,73 @@ fn check_exactly_once_properties(properties: &BTreeMap<String, String>) -> Vec<S
         .collect()
 }
 
+/// librdkafka's default `message.max.bytes`.
+pub const LIBRDKAFKA_MESSAGE_MAX_BYTES: u64 = 1_000_000;
+
+/// What the producer queue must hold: the relay's in-flight bounds (`[relay]
+/// max_in_flight`, `max_in_flight_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueBound {
+    pub messages: usize,
+    pub bytes: u64,
+}
+
+/// The producer's `message.max.bytes`: the user's, or librdkafka's default.
+pub fn message_max_bytes(properties: &BTreeMap<String, String>) -> u64 {
+    properties
+        .iter()
+        .find(|(key, _)| canonical_property(key) == "message.max.bytes")
+        .and_then(|(_, value)| value.trim().parse().ok())
+        .unwrap_or(LIBRDKAFKA_MESSAGE_MAX_BYTES)
+}
+
+/// The least `queue.buffering.max.kbytes` that agrees with a byte bound, in KiB.
+///
+/// The relay reads while fewer than `bound` bytes are in flight, so up to `bound` plus
+/// one event is in flight, and what is in flight is in librdkafka's queue at most
+/// (its count, key + value, is never more than the relay's, which adds headers). That
+/// one event can be as large as `message.max.bytes`: a larger one librdkafka refuses at
+/// once (dead letter), before queuing it. So the queue must hold `bound +
+/// message.max.bytes`: with less, a large record could find the queue full while the
+/// relay has room, and a record larger than the whole queue would wait for room that
+/// never comes (the relay stalls for ever). A larger queue never loses the bound: the
+/// relay stops reading at it, whatever librdkafka would take.
+fn queue_kbytes_needed(bound: u64, message_max_bytes: u64) -> u64 {
+    bound.saturating_add(message_max_bytes).div_ceil(1024)
+}
+
+/// The largest `queue.buffering.max.kbytes` librdkafka takes.
+const QUEUE_KBYTES_MAX: u64 = 2_147_483_647;
+
+/// A user's `queue.buffering.max.kbytes` that disagrees with the relay's byte bound
+/// (see [`queue_kbytes_needed`]), as a problem to report.
+pub fn check_queue_kbytes(
+    properties: &BTreeMap<String, String>,
+    max_in_flight_bytes: u64,
+) -> Option<String> {
+    let (key, value) = properties
+        .iter()
+        .find(|(key, _)| canonical_property(key) == "queue.buffering.max.kbytes")?;
+    let needed = queue_kbytes_needed(max_in_flight_bytes, message_max_bytes(properties));
+    let kbytes: u64 = value.trim().parse().ok()?;
+    (kbytes < needed).then(|| {
+        format!(
+            "kafka.properties.\"{key}\": {kbytes} KiB is less than relay.max_in_flight_bytes ({max_in_flight_bytes}) plus message.max.bytes ({}), {needed} KiB: librdkafka's queue must hold what the relay keeps in flight and one more record of the largest size, or such a record waits for queue room that may never come; remove the key (the relay derives it from max_in_flight_bytes) or lower [relay] max_in_flight_bytes",
+            message_max_bytes(properties)
+        )
+    })
+}
+
 /// The transactional producer's configuration: [`producer_config`], with
 /// `transactional.id` and a `message.timeout.ms` equal to `transaction.timeout.ms`
 /// (librdkafka refuses a larger one, and infinity is larger).
 pub fn transactional_producer_config(
     brokers: &str,
     properties: &BTreeMap<String, String>,
-    queue_messages: usize,
+    queue: QueueBound,
     transactional_id: &str,
 ) -> ClientConfig {
-    let mut config = producer_config(brokers, properties, queue_messages);
+    let mut config = producer_config(brokers, properties, queue);
     let timeout = properties
         .get("transaction.timeout.ms")
         .cloned()
@@ -484,7 +549,7 @@ fn shown_value(key: &str, value: &str) -> String {
 pub fn producer_config(
     brokers: &str,
     properties: &BTreeMap<String, String>,
-    queue_messages: usize,
+    queue: QueueBound,
 ) -> ClientConfig {
     let mut config = ClientConfig::new();
     let user_sets = |key: &str| user_sets(properties, key);
@@ -500,10 +565,21 @@ pub fn producer_config(
     if !user_sets("queue.buffering.max.messages") {
         config.set(
             "queue.buffering.max.messages",
-            queue_messages
+            queue
+                .messages
                 .saturating_mul(2)
                 .clamp(1000, 10_000_000)
                 .to_string(),
+        );
+    }
+    // Room for the byte bound plus the largest record, twice the bound for dead-letter
+    // and checkpoint records (librdkafka's own default, ~1 GB, would be no bound).
+    if !user_sets("queue.buffering.max.kbytes") {
+        let needed =
+            queue_kbytes_needed(queue.bytes.saturating_mul(2), message_max_bytes(properties));
+        config.set(
+            "queue.buffering.max.kbytes",
+            needed.clamp(1, QUEUE_KBYTES_MAX).to_string(),
         );
     }
     apply_properties(&mut config, properties);

@@ -23,6 +23,7 @@ fn kafka(properties: &[(&str, &str)]) -> KafkaConfig {
         offsets_topic: DEFAULT_OFFSETS_TOPIC.into(),
         transaction_ms: DEFAULT_TRANSACTION_MS,
         transaction_max_events: None,
+        transaction_max_bytes: None,
     }
 }
 
@@ -218,7 +219,7 @@ fn exactly_once_refuses_a_message_timeout_and_says_why() {
         "{}",
         problems[0]
     );
-    let config = transactional_producer_config("b:9092", &props(&[]), 10, "outbox-relay-s");
+    let config = transactional_producer_config("b:9092", &props(&[]), queue(10), "outbox-relay-s");
     assert_eq!(config.get("transactional.id"), Some("outbox-relay-s"));
     assert_eq!(config.get("message.timeout.ms"), Some("60000"));
     assert_eq!(config.get("enable.idempotence"), Some("true"));
@@ -257,7 +258,7 @@ fn two_names_of_one_property_with_different_values_are_refused() {
 
 #[test]
 fn user_properties_override_defaults_under_any_name() {
-    let config = producer_config("b:1", &props(&[("linger.ms", "50")]), 100);
+    let config = producer_config("b:1", &props(&[("linger.ms", "50")]), queue(100));
     assert_eq!(config.get("linger.ms"), Some("50"));
     assert_eq!(config.get("enable.idempotence"), Some("true"));
     assert_eq!(config.get("acks"), Some("all"));
@@ -273,7 +274,7 @@ fn user_properties_override_defaults_under_any_name() {
             ("compression.codec", "zstd"),
             ("topic.partitioner", "murmur2"),
         ]),
-        100,
+        queue(100),
     );
     assert_eq!(config.get("linger.ms"), None);
     assert_eq!(config.get("queue.buffering.max.ms"), Some("50"));
@@ -284,7 +285,7 @@ fn user_properties_override_defaults_under_any_name() {
     // The brokers too, for the producer and the admin client alike.
     let user = props(&[("metadata.broker.list", "other:9092")]);
     for config in [
-        producer_config("b:1", &user, 100),
+        producer_config("b:1", &user, queue(100)),
         admin_config("b:1", &user),
     ] {
         assert_eq!(config.get("bootstrap.servers"), None);
@@ -294,4 +295,55 @@ fn user_properties_override_defaults_under_any_name() {
         admin_config("b:1", &props(&[("linger.ms", "5")])).get("bootstrap.servers"),
         Some("b:1")
     );
+}
+
+/// A queue bound of `messages` events and 16 MiB.
+fn queue(messages: usize) -> QueueBound {
+    QueueBound {
+        messages,
+        bytes: 16 * 1024 * 1024,
+    }
+}
+
+#[test]
+fn the_queue_bytes_follow_the_byte_bound_and_message_max_bytes() {
+    let config = producer_config("b:1", &props(&[]), queue(100));
+    // Twice 16 MiB plus librdkafka's default message.max.bytes (1,000,000), in KiB.
+    assert_eq!(config.get("queue.buffering.max.kbytes"), Some("33745"));
+    let config = producer_config(
+        "b:1",
+        &props(&[("message.max.bytes", "10485760")]),
+        QueueBound {
+            messages: 100,
+            bytes: 1024,
+        },
+    );
+    assert_eq!(config.get("queue.buffering.max.kbytes"), Some("10242"));
+    let user = props(&[("queue.buffering.max.kbytes", "65536")]);
+    let config = producer_config("b:1", &user, queue(100));
+    assert_eq!(config.get("queue.buffering.max.kbytes"), Some("65536"));
+}
+
+#[test]
+fn a_queue_too_small_for_the_byte_bound_and_one_record_is_refused() {
+    let bound = 16 * 1024 * 1024;
+    // 16 MiB + 1,000,000 bytes = 17361 KiB (rounded up).
+    let enough = props(&[("queue.buffering.max.kbytes", "17361")]);
+    assert_eq!(check_queue_kbytes(&enough, bound), None);
+    assert_eq!(check_queue_kbytes(&props(&[]), bound), None, "derived");
+    let small = props(&[("queue.buffering.max.kbytes", "17360")]);
+    let problem = check_queue_kbytes(&small, bound).expect("refused");
+    assert!(
+        problem.contains("\"queue.buffering.max.kbytes\"")
+            && problem.contains("relay.max_in_flight_bytes")
+            && problem.contains("message.max.bytes")
+            && problem.contains("remove the key"),
+        "{problem}"
+    );
+    // A larger message.max.bytes needs a larger queue.
+    let large_records = props(&[
+        ("queue.buffering.max.kbytes", "17361"),
+        ("message.max.bytes", "2000000"),
+    ]);
+    assert!(check_queue_kbytes(&large_records, bound).is_some());
 }

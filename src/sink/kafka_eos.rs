@@ -22,7 +22,8 @@
 //! sink answers "queue full", so reading pauses and status updates go on. A commit is
 //! due when the transaction is `transaction_ms` old (checked at each end of a
 //! PostgreSQL transaction, and by a timer's [`SinkNotice::Due`]) or holds
-//! `transaction_max_events` records; only the latter splits a PostgreSQL transaction.
+//! `transaction_max_events` records or `transaction_max_bytes` bytes; only the latter
+//! two split a PostgreSQL transaction.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,6 +59,8 @@ pub struct EosSettings {
     pub offsets_topic: String,
     pub transaction_ms: Duration,
     pub max_events: u64,
+    /// Bytes (key + value + headers) that make a transaction full.
+    pub max_bytes: u64,
 }
 
 /// The default `transactional.id` of a slot.
@@ -68,6 +71,8 @@ pub fn default_transactional_id(slot: &str) -> String {
 /// The open Kafka transaction.
 struct OpenTxn {
     tags: Vec<RecordTag>,
+    /// Bytes of the records in `tags`.
+    bytes: u64,
     opened_at: Instant,
 }
 
@@ -116,6 +121,7 @@ impl Transactions {
     pub(super) fn opened(&mut self) {
         self.open = Some(OpenTxn {
             tags: Vec::new(),
+            bytes: 0,
             opened_at: Instant::now(),
         });
     }
@@ -125,10 +131,11 @@ impl Transactions {
         self.last_end_lsn = checkpoint.map_or(Lsn::ZERO, |c| c.end_lsn);
     }
 
-    /// A record of the open transaction was handed to librdkafka.
-    pub(super) fn sent(&mut self, tag: RecordTag) {
+    /// A record of the open transaction, of `bytes` bytes, was handed to librdkafka.
+    pub(super) fn sent(&mut self, tag: RecordTag, bytes: u64) {
         if let Some(open) = &mut self.open {
             open.tags.push(tag);
+            open.bytes = open.bytes.saturating_add(bytes);
         }
         if let Some(current) = &mut self.current {
             current.events += 1;
@@ -155,7 +162,8 @@ impl Transactions {
             return None;
         }
         let open = self.open.as_ref()?;
-        let full = u64::try_from(open.tags.len()).unwrap_or(u64::MAX) >= self.settings.max_events;
+        let full = u64::try_from(open.tags.len()).unwrap_or(u64::MAX) >= self.settings.max_events
+            || open.bytes >= self.settings.max_bytes;
         let old = open.opened_at.elapsed() >= self.settings.transaction_ms;
         let mid_transaction = self.current.is_some();
         if !(full || (old && !mid_transaction)) {
@@ -492,6 +500,7 @@ mod tests {
             offsets_topic: "offsets".into(),
             transaction_ms: Duration::from_millis(transaction_ms),
             max_events,
+            max_bytes: u64::MAX,
         }
     }
 
@@ -520,7 +529,7 @@ mod tests {
         assert!(txns.due().is_none(), "nothing open");
         txns.transaction_begin(Lsn(90), 0);
         txns.opened();
-        txns.sent(tag(0, 0));
+        txns.sent(tag(0, 0), 1);
         // Old, but in the middle of a PostgreSQL transaction: waits for its end.
         assert!(txns.due().is_none());
         txns.transaction_end(Lsn(100));
@@ -539,9 +548,9 @@ mod tests {
         let mut txns = started(2, 60_000);
         txns.transaction_begin(Lsn(500), 3);
         txns.opened();
-        txns.sent(tag(0, 0));
+        txns.sent(tag(0, 0), 1);
         assert!(txns.due().is_none(), "neither full nor old");
-        txns.sent(tag(0, 1));
+        txns.sent(tag(0, 1), 1);
         let commit = txns.due().expect("full");
         let checkpoint = Checkpoint::decode(&commit.checkpoint).unwrap();
         assert_eq!(checkpoint.end_lsn, Lsn::ZERO);
@@ -550,6 +559,27 @@ mod tests {
             Some(Partial {
                 commit_lsn: Lsn(500),
                 events: 5
+            })
+        );
+    }
+
+    #[test]
+    fn a_transaction_full_in_bytes_splits() {
+        let mut txns = started(100, 60_000);
+        txns.settings.max_bytes = 1_000;
+        txns.transaction_begin(Lsn(500), 0);
+        txns.opened();
+        txns.sent(tag(0, 0), 600);
+        assert!(txns.due().is_none(), "600 of 1000 bytes, 1 of 100 records");
+        txns.sent(tag(0, 1), 400);
+        let commit = txns.due().expect("full in bytes");
+        assert_eq!(commit.tags, vec![tag(0, 0), tag(0, 1)]);
+        let checkpoint = Checkpoint::decode(&commit.checkpoint).unwrap();
+        assert_eq!(
+            checkpoint.partial,
+            Some(Partial {
+                commit_lsn: Lsn(500),
+                events: 2
             })
         );
     }
@@ -570,7 +600,7 @@ mod tests {
         txns.transaction_end(Lsn(800));
         txns.transaction_begin(Lsn(1100), 0);
         txns.opened();
-        txns.sent(tag(1, 0));
+        txns.sent(tag(1, 0), 1);
         txns.transaction_end(Lsn(1200));
         let commit = txns.due().expect("due");
         let checkpoint = Checkpoint::decode(&commit.checkpoint).unwrap();

@@ -52,6 +52,8 @@ pub enum SinkKind {
 pub struct SinkOptions {
     /// Events in flight at most (sizes the producer queue).
     pub max_in_flight: usize,
+    /// Bytes in flight at most (sizes the producer queue's `queue.buffering.max.kbytes`).
+    pub max_in_flight_bytes: u64,
     /// Keep each event until its report, so a refused one can go to the dead-letter
     /// topic.
     pub keep_events: bool,
@@ -101,7 +103,10 @@ impl SinkSpec {
             SinkSpec::Kafka(kafka) => Box::new(kafka::KafkaSink::new(
                 kafka,
                 notices,
-                options.max_in_flight,
+                kafka_config::QueueBound {
+                    messages: options.max_in_flight,
+                    bytes: options.max_in_flight_bytes,
+                },
                 options.keep_events,
                 options.metrics,
                 options.slot.as_deref(),
