@@ -1,7 +1,9 @@
 //! Prometheus metrics and health: counters, gauges and a latency histogram the pipeline
 //! updates, served as text on `GET /metrics` when `[metrics] listen` is set, next to
-//! `GET /healthz` (the process runs and its loop turns) and `GET /readyz` (streaming
-//! from the slot, and the sink confirms deliveries).
+//! `GET /healthz` (the process runs and its loop turns), `GET /readyz` (streaming from
+//! the slot and the sink confirms deliveries, or a standby connected to PostgreSQL and
+//! waiting for the busy slot; the body says which) and `GET /streamingz` (streaming and
+//! ready only).
 //!
 //! Names are constants so the renderer and the tests share them; the unit test below
 //! pins their spelling, which dashboards and alerts depend on (docs/configuration.md
@@ -170,6 +172,9 @@ impl Histogram {
 pub struct Health {
     /// 1 while the pipeline streams from the slot.
     pub streaming: AtomicU64,
+    /// 1 while a standby waits for the slot: its last attempt reached PostgreSQL and
+    /// found the slot streaming to another relay (0 once an attempt fails otherwise).
+    pub standby: AtomicU64,
     /// While streaming, the loop must turn again before this time (unix ms); set on
     /// every status tick to a few status intervals ahead.
     pub loop_deadline_unix_ms: AtomicU64,
@@ -183,8 +188,10 @@ pub struct Health {
 pub struct HealthReport {
     /// The process runs and, while streaming, its loop turns.
     pub alive: bool,
-    /// Streaming, and the sink confirms deliveries.
+    /// Streaming and the sink confirms deliveries, or a standby that can take over.
     pub ready: bool,
+    /// Streaming from the slot (else, when ready, a standby).
+    pub streaming: bool,
 }
 
 impl Metrics {
@@ -196,9 +203,11 @@ impl Metrics {
         let stuck_after_ms = get(&self.health.stuck_after_ms);
         let waiting_ms = get(&self.oldest_undelivered_seconds).saturating_mul(1000);
         let stuck = stuck_after_ms > 0 && waiting_ms > stuck_after_ms;
+        let standby = !streaming && get(&self.health.standby) == 1;
         HealthReport {
             alive,
-            ready: streaming && alive && !stuck,
+            ready: (streaming && alive && !stuck) || standby,
+            streaming,
         }
     }
 }
@@ -417,12 +426,32 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
                         body.len()
                     )
                 }
-                "/healthz" => status_response(health().alive, "alive\n", "the relay's loop stopped turning\n"),
-                "/readyz" => status_response(
-                    health().ready,
-                    "ready\n",
-                    "not streaming from the slot, or the sink has not confirmed deliveries for too long\n",
+                "/healthz" => status_response(
+                    health().alive,
+                    "alive\n",
+                    "the relay's loop stopped turning\n",
                 ),
+                "/readyz" => {
+                    let health = health();
+                    let role = if health.streaming {
+                        "streaming\n"
+                    } else {
+                        "standby\n"
+                    };
+                    status_response(health.ready, role, NOT_READY)
+                }
+                "/streamingz" => {
+                    let health = health();
+                    status_response(
+                        health.ready && health.streaming,
+                        "streaming\n",
+                        if health.ready {
+                            "standby: another relay streams from the slot\n"
+                        } else {
+                            NOT_READY
+                        },
+                    )
+                }
                 _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
                     .to_owned(),
             };
@@ -433,6 +462,9 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 }
 
 /// 200 with `ok`, or 503 with `not_ok`.
+/// Why `/readyz` answers 503.
+const NOT_READY: &str = "not ready: PostgreSQL unreachable (or the slot not yet tried), the loop stopped turning, or the sink has not confirmed deliveries for too long\n";
+
 fn status_response(good: bool, ok: &str, not_ok: &str) -> String {
     let (status, body) = if good {
         ("200 OK", ok)
@@ -524,14 +556,27 @@ mod tests {
     fn health_follows_streaming_the_loop_and_the_sink() {
         let metrics = Metrics::new();
         let report = |now| metrics.health_at(now);
-        // Not streaming (starting, or a standby waiting for the slot): alive, not ready.
+        // Not streaming, and no attempt found the slot busy yet (starting, or
+        // PostgreSQL unreachable): alive, not ready.
         assert_eq!(
             report(5_000),
             HealthReport {
                 alive: true,
-                ready: false
+                ready: false,
+                streaming: false
             }
         );
+        // A standby: connected, waiting for the busy slot. Ready, not streaming.
+        Metrics::set(&metrics.health.standby, 1);
+        assert_eq!(
+            report(5_000),
+            HealthReport {
+                alive: true,
+                ready: true,
+                streaming: false
+            }
+        );
+        Metrics::set(&metrics.health.standby, 0);
         Metrics::set(&metrics.health.streaming, 1);
         Metrics::set(&metrics.health.loop_deadline_unix_ms, 10_000);
         Metrics::set(&metrics.health.stuck_after_ms, 30_000);
@@ -539,7 +584,8 @@ mod tests {
             report(9_000),
             HealthReport {
                 alive: true,
-                ready: true
+                ready: true,
+                streaming: true
             }
         );
         // The loop stopped turning.
@@ -547,7 +593,8 @@ mod tests {
             report(10_001),
             HealthReport {
                 alive: false,
-                ready: false
+                ready: false,
+                streaming: true
             }
         );
         // The oldest undelivered event waits too long: alive, not ready.
@@ -556,7 +603,8 @@ mod tests {
             report(9_000),
             HealthReport {
                 alive: true,
-                ready: false
+                ready: false,
+                streaming: true
             }
         );
     }

@@ -8,10 +8,14 @@
 use outbox_relay_harness as support;
 
 use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use outbox_relay::relay::log::TAKING_OVER;
-use support::outbox::{cluster_with_outbox, event_ids, slot_active_pid, stdout_config, SLOT, WAIT};
+use support::outbox::{
+    cluster_with_outbox, event_ids, slot_active_pid, stdout_config, with_metrics, SLOT, WAIT,
+};
 use support::proxy::FaultProxy;
 use support::{PgCluster, PgOptions, RelayProcess};
 
@@ -184,6 +188,68 @@ fn a_waiting_standby_writes_nothing() {
         "the slot (confirmed_flush_lsn, restart_lsn) or the outbox (rows) changed"
     );
     assert!(standby.lines().is_empty(), "the standby printed events");
+}
+
+/// `GET path` on the relay's metrics port: the status code and the body, `None` while
+/// nothing answers.
+fn http(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let code = head.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+    Some((code, body.to_owned()))
+}
+
+/// Two replicas on one slot, as deploy/k8s runs them: both are Ready (`/readyz` 200,
+/// so rollouts complete and the PodDisruptionBudget lets a node drain), and exactly
+/// one streams (`/readyz`'s body, `/streamingz`, `outbox_relay_streaming`). When the
+/// streaming one is gone, the standby streams.
+#[test]
+fn two_relays_on_one_slot_are_both_ready_and_one_streams() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let (active_config, active_port) = with_metrics(&stdout_config(&pg));
+    let active = support::outbox::start_streaming(&active_config);
+    let (standby_config, standby_port) = with_metrics(&stdout_config(&pg));
+    let standby = RelayProcess::start(&standby_config);
+    standby.wait_for_stderr(WAITING, WAIT);
+    let ports = [active_port, standby_port];
+    let answers = |path: &str| ports.map(|port| http(port, path));
+    support::wait_until("both relays answer 200 on /readyz", WAIT, || {
+        answers("/readyz")
+            .iter()
+            .all(|answer| matches!(answer, Some((200, _))))
+    });
+    let streaming_gauge = |port| {
+        http(port, "/metrics").and_then(|(_, text)| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("outbox_relay_streaming "))
+                .map(|value| value.trim().to_owned())
+        })
+    };
+    assert_eq!(
+        (
+            answers("/readyz"),
+            answers("/streamingz").map(|answer| answer.map(|(code, _)| code)),
+            ports.map(streaming_gauge),
+        ),
+        (
+            [Some((200, "streaming\n".to_owned())), Some((200, "standby\n".to_owned()))],
+            [Some(200), Some(503)],
+            [Some("1".to_owned()), Some("0".to_owned())],
+        ),
+        "(/readyz, /streamingz, outbox_relay_streaming) of the streaming relay and the standby; standby stderr:\n{}",
+        standby.stderr()
+    );
+    drop(active);
+    support::wait_until(
+        "the standby streams after the active relay is gone",
+        WAIT,
+        || http(standby_port, "/streamingz").is_some_and(|(code, _)| code == 200),
+    );
 }
 
 /// Staleness the takeover test configures: three status intervals of 200 ms.

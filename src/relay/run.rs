@@ -76,6 +76,8 @@ pub async fn run(
             Err(error) => return Err(error),
         };
         let standby = error.slot_in_use();
+        // Ready in Kubernetes' sense while it waits: connected, able to take over.
+        Metrics::set(&metrics.health.standby, u64::from(standby));
         if !standby {
             silence.forget();
             // A standby's attempts at the busy slot are waiting, not restarts.
