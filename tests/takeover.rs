@@ -8,8 +8,6 @@
 use outbox_relay_harness as support;
 
 use std::collections::HashSet;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use outbox_relay::relay::log::TAKING_OVER;
@@ -190,20 +188,6 @@ fn a_waiting_standby_writes_nothing() {
     assert!(standby.lines().is_empty(), "the standby printed events");
 }
 
-/// `GET path` on the relay's metrics port: the status code and the body, `None` while
-/// nothing answers.
-fn http(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let code = head.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
-    Some((code, body.to_owned()))
-}
-
 /// Two replicas on one slot, as deploy/k8s runs them: both are Ready (`/readyz` 200,
 /// so rollouts complete and the PodDisruptionBudget lets a node drain), and exactly
 /// one streams (`/readyz`'s body, `/streamingz`, `outbox_relay_streaming`). When the
@@ -217,14 +201,14 @@ fn two_relays_on_one_slot_are_both_ready_and_one_streams() {
     let standby = RelayProcess::start(&standby_config);
     standby.wait_for_stderr(WAITING, WAIT);
     let ports = [active_port, standby_port];
-    let answers = |path: &str| ports.map(|port| http(port, path));
+    let answers = |path: &str| ports.map(|port| support::http_get(port, path));
     support::wait_until("both relays answer 200 on /readyz", WAIT, || {
         answers("/readyz")
             .iter()
             .all(|answer| matches!(answer, Some((200, _))))
     });
     let streaming_gauge = |port| {
-        http(port, "/metrics").and_then(|(_, text)| {
+        support::http_get(port, "/metrics").and_then(|(_, text)| {
             text.lines()
                 .find_map(|line| line.strip_prefix("outbox_relay_streaming "))
                 .map(|value| value.trim().to_owned())
@@ -248,7 +232,7 @@ fn two_relays_on_one_slot_are_both_ready_and_one_streams() {
     support::wait_until(
         "the standby streams after the active relay is gone",
         WAIT,
-        || http(standby_port, "/streamingz").is_some_and(|(code, _)| code == 200),
+        || support::http_get(standby_port, "/streamingz").is_some_and(|(code, _)| code == 200),
     );
 }
 

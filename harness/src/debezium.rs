@@ -45,8 +45,6 @@
 //! As with the Kafka broker, a watchdog (`sh` reading a pipe only the test process holds)
 //! kills the JVM when the test process exits however it exits; drop kills it too.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -190,7 +188,7 @@ impl DebeziumConnect {
     /// `GET /connectors/<name>/status` as JSON; `None` while the API does not answer or
     /// the connector is not registered yet.
     pub fn status(&self) -> Option<serde_json::Value> {
-        let (code, body) = http_get(
+        let (code, body) = crate::http_get(
             self.rest_port,
             &format!("/connectors/{CONNECTOR_NAME}/status"),
         )?;
@@ -370,7 +368,7 @@ impl DebeziumConnect {
             if let Some(status) = self.process().exit_status() {
                 return Some(Err(status));
             }
-            http_get(self.rest_port, "/").map(|_| Ok(()))
+            crate::http_get(self.rest_port, "/").map(|_| Ok(()))
         });
         match answered {
             Some(result) => result,
@@ -390,22 +388,6 @@ impl Drop for DebeziumConnect {
         self.process.take();
         self.watchdog.take();
     }
-}
-
-/// `GET path` on 127.0.0.1:port (HTTP/1.0, so no chunked body): status code and body,
-/// `None` when nothing answers.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body.to_owned()))
 }
 
 /// `"name"` with embedded quotes doubled, for SQL identifiers.
