@@ -13,6 +13,8 @@
 #   ./deploy/dev-deps.sh                  # everything the tests need
 #   ./deploy/dev-deps.sh --postgres-only  # the relay's build dependencies and Debian's
 #                                         # PostgreSQL only (the stdout demo)
+#   ./deploy/dev-deps.sh --kafka-only     # a JDK, Maven and Kafka's jars only
+#                                         # (deploy/kafka-broker.sh)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -23,6 +25,33 @@ apt_install() {
     if [ -z "$APT_UPDATED" ]; then $SUDO apt-get update -qq; APT_UPDATED=1; fi
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
 }
+
+# Apache Kafka (single-node KRaft) for the integration tests and deploy/kafka-broker.sh:
+# a JDK to run it (a full JDK, not only a runtime: tests/kafka_relay.rs runs Kafka's Java
+# producer from a source file, which needs the compiler), Maven to copy its jars from
+# Maven Central. With --kafka-only, Debezium's jars need no Maven.
+install_kafka() {
+    if ! command -v javac >/dev/null 2>&1 && [ ! -x "${JAVA_HOME:-/nonexistent}/bin/javac" ]; then
+        echo "dev-deps: installing a JDK (Debian package openjdk-17-jdk-headless)" >&2
+        apt_install openjdk-17-jdk-headless
+    fi
+    local debezium_missing=""
+    if [ "${1:-}" != --kafka-only ] && [ ! -f "$(debezium_libs_dir)/connect-runtime-$(debezium_connect_version).jar" ]; then
+        debezium_missing=1
+    fi
+    if ! command -v mvn >/dev/null 2>&1 && { [ ! -f "$(kafka_libs_dir)/kafka_2.13-$(kafka_version).jar" ] \
+        || [ -n "$debezium_missing" ]; }; then
+        echo "dev-deps: installing Maven (Debian package maven)" >&2
+        apt_install maven
+    fi
+    ensure_kafka_libs
+    echo "dev-deps: Apache Kafka $(kafka_version) jars present ($(kafka_libs_dir))" >&2
+}
+
+if [ "${1:-}" = "--kafka-only" ]; then
+    install_kafka --kafka-only
+    exit 0
+fi
 
 # The relay links librdkafka built with TLS and SASL (rdkafka's `ssl` feature), which
 # finds the system's OpenSSL (libssl.so.3 at run time) through pkg-config.
@@ -58,20 +87,7 @@ for major in $PG_TEST_MAJORS; do
     echo "dev-deps: PostgreSQL $major present ($(ensure_pg_version "$major"))" >&2
 done
 
-# Apache Kafka (single-node KRaft) for the integration tests: a JDK to run it (a full
-# JDK, not only a runtime: tests/kafka_relay.rs runs Kafka's Java producer from a source
-# file, which needs the compiler), Maven to copy its jars from Maven Central.
-if ! command -v javac >/dev/null 2>&1 && [ ! -x "${JAVA_HOME:-/nonexistent}/bin/javac" ]; then
-    echo "dev-deps: installing a JDK (Debian package openjdk-17-jdk-headless)" >&2
-    apt_install openjdk-17-jdk-headless
-fi
-if ! command -v mvn >/dev/null 2>&1 && { [ ! -f "$(kafka_libs_dir)/kafka_2.13-$(kafka_version).jar" ] \
-    || [ ! -f "$(debezium_libs_dir)/connect-runtime-$(debezium_connect_version).jar" ]; }; then
-    echo "dev-deps: installing Maven (Debian package maven)" >&2
-    apt_install maven
-fi
-ensure_kafka_libs
-echo "dev-deps: Apache Kafka $(kafka_version) jars present ($(kafka_libs_dir))" >&2
+install_kafka
 
 # Kafka Connect and Debezium's PostgreSQL connector with its Outbox Event Router, for
 # running Debezium side by side in the benchmark (tests/debezium_harness.rs checks the

@@ -10,7 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . deploy/lib.sh
-./deploy/dev-deps.sh >/dev/null
+# Only what the broker needs: a JDK, Maven and Kafka's jars (not the test suite's
+# PostgreSQL versions, Debezium, fonts or cargo-fuzz).
+./deploy/dev-deps.sh --kafka-only >/dev/null
 PORT="${KAFKA_PORT:-9092}"
 WORK="${KAFKA_DATA:-$(mktemp -d /tmp/outbox-relay-kafka.XXXXXX)}"
 KAFKA_PID=""
