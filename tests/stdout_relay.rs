@@ -188,6 +188,66 @@ fn sigterm_acknowledges_end_lsn_so_a_restart_prints_only_new_rows() {
     }
 }
 
+/// The final status update at SIGTERM acknowledges the last delivered transaction even
+/// when an outbox check was under way as the shutdown came, having read its WAL position
+/// before that transaction committed (its report falls short: the relay must ask again).
+/// The check is held in that state by a lock on the catalog it reads.
+#[test]
+fn sigterm_during_a_slow_outbox_check_still_acknowledges_the_last_transaction() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_relay(&pg);
+    let mut client = pg.client_db("app");
+    let insert = |client: &mut postgres::Client, n: usize| {
+        client
+            .execute(
+                "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('before', $1, 'X', '{}')",
+                &[&n.to_string()],
+            )
+            .unwrap();
+    };
+    insert(&mut client, 0);
+    relay.wait_for_lines(1, WAIT);
+    // Hold every outbox check at its second step (after it read the WAL position).
+    let mut locker = pg.client_db("app");
+    let mut lock = locker.transaction().unwrap();
+    lock.batch_execute("LOCK TABLE pg_catalog.pg_publication_rel IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    for n in 1..4 {
+        insert(&mut client, n);
+    }
+    relay.wait_for_lines(4, WAIT);
+    let mut observer = pg.client_db("app");
+    support::wait_until("an outbox check waits on the lock", WAIT, || {
+        let waiting: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%pg_publication_rel%' \
+                    AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        waiting > 0
+    });
+    let before_last_commit = pg.current_wal_lsn();
+    insert(&mut client, 4);
+    relay.wait_for_lines(5, WAIT);
+    relay.sigterm();
+    relay.wait_for_stderr("shutdown requested", WAIT);
+    lock.rollback().unwrap();
+    let status = relay.wait_exit(WAIT);
+    assert!(status.success(), "graceful shutdown exits 0, got {status}");
+    let confirmed = pg
+        .slot_confirmed_flush_lsn(SLOT)
+        .expect("slot has a position");
+    assert!(
+        confirmed > before_last_commit,
+        "the final status update acknowledged the last transaction: slot at {confirmed:X}, \
+         last commit after {before_last_commit:X}; relay stderr:\n{}",
+        relay.stderr_tail()
+    );
+}
+
 /// With the default 10 s status interval, the slot follows delivery within a fraction of
 /// a second (a status update goes out soon after the acknowledged position moves), so a
 /// `kill -9` right after delivery replays nothing.

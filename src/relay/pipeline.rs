@@ -676,14 +676,20 @@ impl Pipeline {
                 }
             }
         }
-        // The final update may acknowledge only what the watch vouched for: ask once more.
+        // The final update may acknowledge only what the watch vouched for: ask until it
+        // vouches for everything delivered. A check already under way when the shutdown
+        // came may have read its position before the last transaction committed, so its
+        // report can fall short; the check asked after it cannot (it reads the position
+        // after every delivered commit), so this takes at most two rounds.
         self.take_ready_notices()?;
-        if self.tracker.wants_vouching() {
+        let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
+        while self.tracker.wants_vouching() {
             self.watch.request_now();
-            match tokio::time::timeout(CLOSE_WAIT, self.watch.next_report()).await {
+            match tokio::time::timeout_at(deadline, self.watch.next_report()).await {
                 Ok(Some(report)) => self.on_watch_report(report)?,
                 Ok(None) | Err(_) => {
-                    tracing::warn!("the outbox check did not answer at shutdown: the last delivered events are acknowledged after the next start")
+                    tracing::warn!("the outbox check did not answer at shutdown: the last delivered events are acknowledged after the next start");
+                    break;
                 }
             }
         }
