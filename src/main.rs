@@ -428,6 +428,7 @@ fn admin_params(
     };
     match outbox_relay::pg::url::ConnectParams::from_url(url) {
         Ok(mut params) => {
+            params.origin = outbox_relay::pg::url::UrlOrigin::AdminUrl;
             if params.password.is_none() {
                 params.password = std::env::var("PGPASSWORD")
                     .ok()

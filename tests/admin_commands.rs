@@ -408,3 +408,34 @@ fn cleanup_drops_old_partitions_the_slot_passed() {
     insert_as_app(&pg, &[("after", "now")]);
     relay.wait_for_lines(4, WAIT);
 }
+
+/// A failed `--admin-url` login names `--admin-url` as the thing to fix, not the
+/// configuration's `[postgres] url` (which was not used).
+#[test]
+fn a_failed_admin_login_points_at_admin_url() {
+    let pg = PgCluster::start_with(support::PgOptions {
+        hba: vec!["host all admin_user 127.0.0.1/32 scram-sha-256".into()],
+        ..Default::default()
+    });
+    pg.batch_execute("CREATE DATABASE app");
+    pg.batch_execute(
+        "SET password_encryption = 'scram-sha-256'; \
+         CREATE ROLE admin_user LOGIN SUPERUSER PASSWORD 'right';",
+    );
+    let config = relay_config(&pg);
+    let admin = pg.url("admin_user", Some("wrong"), "app");
+    let refused = failed(&command(
+        &config,
+        &["init", "--apply", "--admin-url", &admin],
+    ));
+    assert!(refused.contains("authentication failed"), "{refused}");
+    assert!(
+        refused.contains("check the user and password (--admin-url"),
+        "{refused}"
+    );
+    assert!(!refused.contains("[postgres] url"), "{refused}");
+    assert!(
+        !refused.contains("wrong"),
+        "the password is never printed: {refused}"
+    );
+}

@@ -20,7 +20,7 @@ use tokio::net::TcpStream;
 use crate::pg::tls::{self, HandshakeError, PgStream, SslMode, SslResponse, TlsError, TlsSetup};
 
 use crate::pg::replication::{FrameError, ReplicationFrame, StandbyStatusUpdate};
-use crate::pg::url::{ConnectParams, TargetSession};
+use crate::pg::url::{ConnectParams, TargetSession, UrlOrigin};
 
 use crate::pg::auth::{AuthError, AuthStep, Authenticator};
 pub use crate::pg::framing::MAX_MESSAGE_LEN;
@@ -83,11 +83,12 @@ pub enum PgError {
     },
     #[error("timed out after {secs} s connecting to PostgreSQL at {addr}")]
     ConnectTimeout { addr: String, secs: u64 },
-    #[error("authentication failed for user {user:?} at {addr}: {reason}; check the user and password ([postgres] url, password or password_file, OUTBOX_RELAY__POSTGRES__PASSWORD, or PGPASSWORD when none is set) and the server's pg_hba.conf (for a client certificate: sslcert and sslkey)")]
+    #[error("authentication failed for user {user:?} at {addr}: {reason}; check the user and password ({}) and the server's pg_hba.conf (for a client certificate: sslcert and sslkey)", origin.credentials())]
     Authentication {
         user: String,
         addr: String,
         reason: String,
+        origin: UrlOrigin,
     },
     #[error("PostgreSQL connection lost: {0}")]
     Io(#[from] std::io::Error),
@@ -97,8 +98,12 @@ pub enum PgError {
     Db(DbError),
     #[error("protocol error on the PostgreSQL connection: {0}")]
     Protocol(String),
-    #[error("the server at {addr} does not speak the PostgreSQL protocol ({reason}): check host and port in [postgres] url")]
-    NotPostgres { addr: String, reason: String },
+    #[error("the server at {addr} does not speak the PostgreSQL protocol ({reason}): check host and port in {}", origin.setting())]
+    NotPostgres {
+        addr: String,
+        reason: String,
+        origin: UrlOrigin,
+    },
     #[error("bad replication frame from PostgreSQL: {0}")]
     Frame(#[from] FrameError),
     /// The TLS settings of [postgres] url cannot be used (a file is missing, ...).
@@ -111,8 +116,8 @@ pub enum PgError {
         #[source]
         source: TlsError,
     },
-    #[error("no server in [postgres] url accepts writes ({tried}): target_session_attrs=read-write waits for a primary (a failover in progress?)")]
-    NoPrimary { tried: String },
+    #[error("no server in {} accepts writes ({tried}): target_session_attrs=read-write waits for a primary (a failover in progress?)", origin.setting())]
+    NoPrimary { tried: String, origin: UrlOrigin },
 }
 
 impl PgError {
@@ -220,9 +225,12 @@ impl PgConnection {
             }
             return Err(PgError::NoPrimary {
                 tried: tried.join("; "),
+                origin: params.origin,
             });
         }
-        Err(last_error.unwrap_or_else(|| PgError::Protocol("no host in [postgres] url".into())))
+        Err(last_error.unwrap_or_else(|| {
+            PgError::Protocol(format!("no host in {}", params.origin.setting()))
+        }))
     }
 
     /// Whether the session is read-only (a standby, or default_transaction_read_only).
@@ -303,8 +311,8 @@ impl PgConnection {
         tls: &TlsSetup,
         negotiation: Negotiation,
         addr: &str,
-        host: &str,
-        port: u16,
+        (host, port): (&str, u16),
+        origin: UrlOrigin,
     ) -> Result<(PgStream, Option<Vec<u8>>), PgError> {
         let mut tcp =
             TcpStream::connect((host, port))
@@ -331,6 +339,7 @@ impl PgConnection {
             TlsError::BadSslResponse { detail } => PgError::NotPostgres {
                 addr: addr.to_owned(),
                 reason: format!("invalid response to SSLRequest: {detail}"),
+                origin,
             },
             other => tls_error(other),
         })?;
@@ -357,12 +366,13 @@ impl PgConnection {
         host: &str,
         port: u16,
     ) -> Result<Self, AttemptError> {
-        let (stream, error_response) = Self::open_stream(tls, negotiation, addr, host, port)
-            .await
-            .map_err(|error| AttemptError {
-                error,
-                over_tls: false,
-            })?;
+        let (stream, error_response) =
+            Self::open_stream(tls, negotiation, addr, (host, port), params.origin)
+                .await
+                .map_err(|error| AttemptError {
+                    error,
+                    over_tls: false,
+                })?;
         let over_tls = stream.is_tls();
         let mut conn = PgConnection {
             stream,
@@ -406,6 +416,7 @@ impl PgConnection {
             Err(PgError::Protocol(reason)) => PgError::NotPostgres {
                 addr: addr.to_owned(),
                 reason,
+                origin: params.origin,
             },
             // With TLS 1.3 the server's verdict on our certificate (an alert) arrives
             // after the handshake, on the first read.
@@ -429,6 +440,7 @@ impl PgConnection {
             user: params.user.clone(),
             addr: addr.clone(),
             reason,
+            origin: params.origin,
         };
         let password = params.password.as_ref().map(|p| p.expose().as_bytes());
         let mut authenticator = Authenticator::new(&params.user, password);

@@ -60,6 +60,36 @@ pub struct ConnectParams {
     pub connect_timeout_secs: u64,
     /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey` ([`crate::pg::tls`]).
     pub tls: TlsParams,
+    /// Which setting gave this URL: connection errors name it as the thing to fix.
+    pub origin: UrlOrigin,
+}
+
+/// Where a connection's URL came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UrlOrigin {
+    /// `[postgres] url` of the configuration (with its password settings).
+    #[default]
+    Config,
+    /// A command's `--admin-url`.
+    AdminUrl,
+}
+
+impl UrlOrigin {
+    /// The setting that names the server.
+    pub fn setting(self) -> &'static str {
+        match self {
+            UrlOrigin::Config => "[postgres] url",
+            UrlOrigin::AdminUrl => "--admin-url",
+        }
+    }
+
+    /// Where the user and the password of this connection come from.
+    pub fn credentials(self) -> &'static str {
+        match self {
+            UrlOrigin::Config => "[postgres] url, password or password_file, OUTBOX_RELAY__POSTGRES__PASSWORD, or PGPASSWORD when none is set",
+            UrlOrigin::AdminUrl => "--admin-url, or PGPASSWORD when that URL has no password",
+        }
+    }
 }
 
 /// The default port of PostgreSQL.
@@ -143,6 +173,7 @@ impl ConnectParams {
             application_name: "outbox-relay".into(),
             connect_timeout_secs: DEFAULT_CONNECT_TIMEOUT_SECS,
             tls: TlsParams::default(),
+            origin: UrlOrigin::Config,
         };
         for pair in query.into_iter().flat_map(|q| q.split('&')) {
             if pair.is_empty() {
