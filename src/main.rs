@@ -254,6 +254,12 @@ fn main() -> ExitCode {
                 &settings, accept_gap,
             )) {
                 Ok(created) => {
+                    if created.publication_created {
+                        eprintln!(
+                            "created publication {:?} first: a slot streams only what is published from its start on",
+                            settings.source().publication
+                        );
+                    }
                     match created.gap_from {
                         Some((lsn, at)) => eprintln!(
                             "created replication slot {:?} at {}; events committed after {} (acknowledged at {}) up to {} were not relayed: re-send them with `outbox-relay backfill --config {} --since '{}'`",

@@ -199,3 +199,28 @@ fn an_idle_relay_does_not_keep_rewriting_its_record() {
     );
     drop(relay);
 }
+
+/// `slot create` on a database without the publication creates the publication first,
+/// so the slot can stream: a publication created after the slot's start would make every
+/// run stop with "publication does not exist" at the WAL the slot reads.
+#[test]
+fn slot_create_before_the_publication_exists_creates_it_first() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let config = stdout_config(&pg);
+    let (status, _, stderr) = run_command(&["slot", "create"], &config, WAIT);
+    assert!(status.success(), "{stderr}");
+    assert!(slot_exists(&pg));
+    let relay = RelayProcess::start(&config);
+    let rows = insert(&pg, "after", 3);
+    let streamed = event_ids(&relay.wait_for_lines(3, WAIT));
+    assert_eq!(
+        streamed,
+        rows,
+        "the slot streams; relay stderr:\n{}",
+        relay.stderr_tail()
+    );
+    assert!(
+        plain(&stderr).contains("created publication \"outbox_relay\" first"),
+        "{stderr}"
+    );
+}

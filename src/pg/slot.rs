@@ -155,6 +155,30 @@ pub async fn prepare(
     })
 }
 
+/// Creates the publication if it is missing (and checks it as [`prepare`] does), before
+/// a slot is created on its own (`slot create`): a slot streams only what is published
+/// from its start on, so a publication created after it would leave the slot unable to
+/// stream ("publication does not exist" at the WAL it reads). Returns whether it created
+/// one.
+pub async fn ensure_publication_for_slot(
+    conn: &mut PgConnection,
+    spec: &SourceSpec,
+) -> Result<bool, SetupError> {
+    let server_version = conn
+        .parameter("server_version")
+        .unwrap_or("unknown")
+        .to_owned();
+    let version_num = server_version_num(conn).await?;
+    let partitioned = if spec.outbox {
+        outbox_relation(conn, spec, &server_version, version_num)
+            .await?
+            .1
+    } else {
+        false
+    };
+    ensure_publication(conn, spec, partitioned).await
+}
+
 /// The process streaming from `slot`, if any.
 pub async fn active_pid(conn: &mut PgConnection, slot: &str) -> Result<Option<i32>, PgError> {
     let found = conn

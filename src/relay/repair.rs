@@ -37,6 +37,8 @@ pub struct CreatedSlot {
     pub start: Lsn,
     /// The lost slot's last acknowledged position and when, if it had streamed.
     pub gap_from: Option<(Option<Lsn>, Option<String>)>,
+    /// The publication was missing and created first.
+    pub publication_created: bool,
 }
 
 /// Creates the slot. When the record says an earlier slot of that name was streamed
@@ -74,6 +76,8 @@ pub async fn create_slot(settings: &Settings, accept_gap: bool) -> Result<Create
             )));
         }
     }
+    // The publication first: the slot streams what is published from its start on.
+    let publication_created = slot::ensure_publication_for_slot(&mut conn, &spec).await?;
     let identify = conn.simple_query("IDENTIFY_SYSTEM").await?;
     let system_id = identify.get(0, "systemid").unwrap_or_default().to_owned();
     let version_num = slot::server_version_num(&mut conn).await?;
@@ -102,6 +106,7 @@ pub async fn create_slot(settings: &Settings, accept_gap: bool) -> Result<Create
         slot: spec.slot,
         start,
         gap_from,
+        publication_created,
     })
 }
 
