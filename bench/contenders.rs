@@ -24,6 +24,7 @@ use outbox_relay_harness::wait::{poll_until, wait_child};
 use outbox_relay_harness::{KafkaBroker, PgCluster};
 use postgres::Client;
 
+use crate::outage::Outage;
 use crate::polling::{self, PollingTarget};
 use crate::setup::{self, DATABASE, PUBLICATION};
 
@@ -71,6 +72,9 @@ pub struct Bench<'a> {
     /// The relay contenders run table-less: `[outbox] enabled = false`, `[messages]`
     /// with the routed values as prefixes, the publication without tables.
     pub table_less: bool,
+    /// (i): freeze the broker this long once the relay acknowledged something
+    /// ([`crate::outage::Outage`]).
+    pub outage: Option<Duration>,
 }
 
 /// The counters at the opening of a window.
@@ -258,6 +262,12 @@ impl Bench<'_> {
             .map_err(|err| format!("temp dir: {err}"))?;
         let log_path = dir.path().join("relay.log");
         let mut command = self.relay_command(slot, sink, dir.path())?;
+        let start_lsn = confirmed_flush_lsn(&mut self.admin, slot);
+        let mut outage = match (self.outage, self.kafka) {
+            (Some(length), Some(broker)) => Some(Outage::new(broker, length)),
+            (Some(_), None) => return Err("an outage needs the Kafka broker".into()),
+            (None, _) => None,
+        };
 
         let window = self.open();
         let mut relay = KillOnDrop(
@@ -272,7 +282,14 @@ impl Bench<'_> {
                 exited = Some(status);
                 return Some(false);
             }
-            (confirmed_flush_lsn(&mut self.admin, slot) >= target).then_some(true)
+            let confirmed = confirmed_flush_lsn(&mut self.admin, slot);
+            let outage_over = outage.as_mut().map_or(true, |outage| {
+                outage.step(confirmed > start_lsn, confirmed.saturating_sub(start_lsn))
+            });
+            // A load acknowledged before the broker was frozen ends the run too (the
+            // note says so).
+            let never_frozen = outage.as_ref().is_some_and(|o| !o.frozen());
+            (confirmed >= target && (outage_over || never_frozen)).then_some(true)
         });
         let seconds = window.started.elapsed().as_secs_f64();
         if acknowledged != Some(true) {
@@ -290,6 +307,9 @@ impl Bench<'_> {
         relay.stop(Duration::from_secs(60))?;
         let costs = self.close(&window);
         let mut notes = Vec::new();
+        if let Some(outage) = outage.take() {
+            notes.push(outage.note(target.saturating_sub(start_lsn)));
+        }
         match stopped_events(&log_path) {
             Some(seen) if seen == events => {}
             Some(seen) => notes.push(format!(

@@ -44,6 +44,7 @@ mod contenders;
 mod debezium;
 mod latency;
 mod latency_runs;
+mod outage;
 mod polling;
 mod report;
 mod setup;
@@ -61,7 +62,8 @@ use report::Report;
 
 /// The contenders a run can select (`--only`).
 const CONTENDERS: &[&str] = &[
-    "ceiling", "kafka", "eos", "stdout", "debezium", "polling", "large", "messages", "latency",
+    "ceiling", "kafka", "eos", "stdout", "debezium", "polling", "large", "messages", "outage",
+    "latency",
 ];
 
 #[derive(Debug, Parser)]
@@ -84,6 +86,21 @@ struct Options {
     /// Characters of filler in each payload (164 bytes of JSON in all at 100).
     #[arg(long, default_value_t = 100)]
     payload_pad: u32,
+    /// Rows of ~4 KB JSON in the backlog of (i), the broker outage [default: 100000;
+    /// smoke 500]; 0 skips that run.
+    #[arg(long)]
+    outage_events: Option<u64>,
+    /// Rows of ~256 KB JSON in the second backlog of (i) [default: 2000; smoke 20]; 0
+    /// skips that run.
+    #[arg(long)]
+    outage_large_events: Option<u64>,
+    /// Seconds the broker is frozen (SIGSTOP) in (i) [default: 20; smoke 1].
+    #[arg(long)]
+    outage_s: Option<u64>,
+    /// Another relay binary (the code before a change, built elsewhere) to run on (b)
+    /// and (i) too, each on slots of its own: before/after in one run.
+    #[arg(long)]
+    baseline_bin: Option<PathBuf>,
     /// Worker counts of the polling relay, one run each.
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     polling_workers: Vec<usize>,
@@ -98,7 +115,7 @@ struct Options {
     #[arg(long, value_delimiter = ',')]
     latency_contenders: Option<Vec<String>>,
     /// Run only these contenders (ceiling, kafka, eos, stdout, debezium, polling, large,
-    /// latency).
+    /// messages, outage, latency).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
     /// Where results.json and chart.png go [default: target/side-by-side].
@@ -179,6 +196,16 @@ fn run(options: &Options) -> Result<(), String> {
     let large_txn = options
         .large_txn
         .unwrap_or(if smoke { 2_000 } else { 1_000_000 });
+    let outage_plan = outage::OutagePlan {
+        events: options
+            .outage_events
+            .unwrap_or(if smoke { 500 } else { 100_000 }),
+        large_events: options
+            .outage_large_events
+            .unwrap_or(if smoke { 20 } else { 2_000 }),
+        length: Duration::from_secs(options.outage_s.unwrap_or(if smoke { 1 } else { 20 })),
+        baseline: options.baseline_bin.clone(),
+    };
     let idle_wait =
         Duration::from_secs(options.idle_wait_s.unwrap_or(if smoke { 0 } else { 1800 }));
     let selected = |name: &str| {
@@ -198,6 +225,14 @@ fn run(options: &Options) -> Result<(), String> {
             "no relay binary at {} (cargo builds it for `cargo bench --bench side_by_side`; or set OUTBOX_RELAY_BIN)",
             relay_bin.display()
         ));
+    }
+    if let Some(baseline) = &options.baseline_bin {
+        if !baseline.is_file() {
+            return Err(format!(
+                "--baseline-bin {}: no such file",
+                baseline.display()
+            ));
+        }
     }
     let started = Instant::now();
     let busy_before_run = procstat::busy_percent(Duration::from_secs(if smoke { 1 } else { 3 }));
@@ -245,6 +280,7 @@ fn run(options: &Options) -> Result<(), String> {
         || selected("polling")
         || selected("latency")
         || selected("messages")
+        || selected("outage")
         || (selected("large") && large_txn > 0);
     let kafka = needs_kafka.then(|| {
         log("starting Apache Kafka");
@@ -268,6 +304,20 @@ fn run(options: &Options) -> Result<(), String> {
     for (_, slot) in &slots {
         setup::create_slot(&mut admin, slot);
     }
+    // With a baseline binary, (b) runs in the order relay, baseline, baseline, relay
+    // (the first reader of a fresh WAL is slower, whichever binary it is), each on a
+    // slot of its own.
+    let baseline_kafka = options.baseline_bin.is_some() && selected("kafka");
+    const BASELINE_SLOTS: [&str; 3] = [
+        "bench_kafka_baseline",
+        "bench_kafka_baseline_2",
+        "bench_kafka_2",
+    ];
+    if baseline_kafka {
+        for slot in BASELINE_SLOTS {
+            setup::create_slot(&mut admin, slot);
+        }
+    }
     log(&format!(
         "loading {events} events in transactions of {txn_sizes:?}"
     ));
@@ -285,6 +335,7 @@ fn run(options: &Options) -> Result<(), String> {
         timeout: Duration::from_secs(options.timeout_s),
         busy_before_pct: 0.0,
         table_less: false,
+        outage: None,
     };
     let mut measured: Vec<Measured> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -320,6 +371,32 @@ fn run(options: &Options) -> Result<(), String> {
         );
         setup::drop_slot(&mut bench.admin, "bench_kafka");
         record("(b) relay → Kafka", result, &mut measured)?;
+    }
+    if baseline_kafka {
+        let own_bin = bench.relay_bin.clone();
+        let baseline_bin = options.baseline_bin.clone().unwrap_or_default();
+        for ((id, name), slot) in [
+            ("baseline-kafka", "relay → Kafka (defaults) [baseline]"),
+            (
+                "baseline-kafka-2",
+                "relay → Kafka (defaults) [baseline, again]",
+            ),
+            ("relay-kafka-2", "relay → Kafka (defaults) [again]"),
+        ]
+        .into_iter()
+        .zip(BASELINE_SLOTS)
+        {
+            bench.relay_bin = if id.starts_with("baseline") {
+                baseline_bin.clone()
+            } else {
+                own_bin.clone()
+            };
+            bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+            let result = bench.relay(id, name, slot, "kafka", load.target, events);
+            setup::drop_slot(&mut bench.admin, slot);
+            record(&format!("(b) {name}"), result, &mut measured)?;
+        }
+        bench.relay_bin = own_bin;
     }
     if selected("eos") {
         // Exactly-once: batched (the default transaction_ms), then about one Kafka
@@ -435,6 +512,17 @@ fn run(options: &Options) -> Result<(), String> {
         ));
     }
 
+    if selected("outage") {
+        bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+        measured.extend(outage::run(&mut bench, &outage_plan)?);
+        notes.push(
+            "the outage rows read their own loads (backlogs of large payloads, inserted after \
+             the others ran) and include the broker's frozen seconds in their time: no ratios; \
+             their peak RSS is the figure"
+                .to_owned(),
+        );
+    }
+
     let mut latency = Vec::new();
     if selected("latency") {
         bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
@@ -475,6 +563,10 @@ fn run(options: &Options) -> Result<(), String> {
             "events": events,
             "txn_sizes": txn_sizes,
             "large_txn": large_txn,
+            "outage_events": outage_plan.events,
+            "outage_large_events": outage_plan.large_events,
+            "outage_s": outage_plan.length.as_secs(),
+            "baseline_bin": options.baseline_bin,
             "payload_pad": options.payload_pad,
             "polling_workers": options.polling_workers,
             "polling_batch": polling::BATCH,
