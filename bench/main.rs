@@ -32,6 +32,8 @@
 //! (g)      relay → Kafka on bench_large, one transaction of 1,000,000 rows
 //! (h)      the table-less outbox: the same events written with pg_logical_emit_message
 //!          (its own load, on bench_messages), relay → Kafka; WAL per event of both loads
+//! (i)      a backlog through a broker outage: 100,000 x ~4 KB and 2,000 x ~256 KB rows
+//!          on slots of their own, the broker frozen 20 s; peak RSS (bench/outage.rs)
 //! (f)      latency: writers at 1k, 5k, 20k events/s for 30 s each, commit → consumer,
 //!          for a plain producer, the relay, Debezium, the polling relay (100 ms, 1 s)
 //! out      the markdown table on stdout; results.json and chart.png in --out-dir
