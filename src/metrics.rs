@@ -22,6 +22,7 @@ pub const TRANSACTIONS_TOTAL: &str = "outbox_relay_transactions_total";
 pub const RESTARTS_TOTAL: &str = "outbox_relay_restarts_total";
 pub const KAFKA_TRANSACTIONS_TOTAL: &str = "outbox_relay_kafka_transactions_total";
 pub const SKIPPED_COMMITTED_TOTAL: &str = "outbox_relay_skipped_committed_total";
+pub const SKIPPED_RECORDED_TOTAL: &str = "outbox_relay_skipped_recorded_total";
 pub const TAKEOVERS_TOTAL: &str = "outbox_relay_takeovers_total";
 pub const IN_FLIGHT: &str = "outbox_relay_in_flight_events";
 pub const IN_FLIGHT_BYTES: &str = "outbox_relay_in_flight_bytes";
@@ -84,6 +85,8 @@ pub struct Metrics {
     pub kafka_transactions: AtomicU64,
     /// Replayed events skipped because Kafka's checkpoint has them (exactly-once).
     pub skipped_committed: AtomicU64,
+    /// Replayed events skipped because the state table's record shows them delivered.
+    pub skipped_recorded: AtomicU64,
     /// Walsenders of a silent relay this standby ended to take the slot over.
     pub takeovers: AtomicU64,
     pub in_flight: AtomicU64,
@@ -290,6 +293,12 @@ impl Metrics {
                 "counter",
                 "Replayed events skipped because the exactly-once checkpoint shows them committed in Kafka.",
                 get(&self.skipped_committed),
+            ),
+            (
+                SKIPPED_RECORDED_TOTAL,
+                "counter",
+                "Replayed events skipped because the relay's record in its state table shows them delivered (the slot rewound, e.g. after a PostgreSQL restart).",
+                get(&self.skipped_recorded),
             ),
             (
                 TAKEOVERS_TOTAL,
@@ -630,6 +639,7 @@ mod tests {
                 "outbox_relay_restarts_total counter",
                 "outbox_relay_kafka_transactions_total counter",
                 "outbox_relay_skipped_committed_total counter",
+                "outbox_relay_skipped_recorded_total counter",
                 "outbox_relay_takeovers_total counter",
                 "outbox_relay_in_flight_events gauge",
                 "outbox_relay_in_flight_bytes gauge",

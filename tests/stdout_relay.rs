@@ -206,7 +206,21 @@ fn sigterm_during_a_slow_outbox_check_still_acknowledges_the_last_transaction() 
             .unwrap();
     };
     insert(&mut client, 0);
+    let after_first = pg.current_wal_lsn();
     relay.wait_for_lines(1, WAIT);
+    // Its record written first (the record's UPDATE, on the watch's connection, reads
+    // the publication catalogs too): the next record is then a second away, and the
+    // check asked on the next delivery runs before it.
+    support::wait_until("the first event recorded", WAIT, || {
+        pg.client_db("app")
+            .query_opt(
+                "SELECT acknowledged_lsn::text FROM outbox_relay_state WHERE slot_name = $1",
+                &[&SLOT],
+            )
+            .unwrap()
+            .and_then(|row| row.get::<_, Option<String>>(0))
+            .is_some_and(|lsn| lsn_value(&lsn) >= after_first)
+    });
     // Hold every outbox check at its second step (after it read the WAL position).
     let mut locker = pg.client_db("app");
     let mut lock = locker.transaction().unwrap();

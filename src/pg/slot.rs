@@ -48,6 +48,9 @@ pub struct PreparedSource {
     pub outbox_partitioned: bool,
     /// The slot is a failover slot (PostgreSQL 17+).
     pub failover_slot: bool,
+    /// The relay's record of the slot in its state table, as read before streaming
+    /// (its acknowledged position: [`crate::relay::record`]).
+    pub record: Option<state::SlotRecord>,
 }
 
 fn definite(message: impl Into<String>) -> SetupError {
@@ -152,6 +155,7 @@ pub async fn prepare(
         outbox_oid,
         outbox_partitioned,
         failover_slot,
+        record: recorded,
     })
 }
 

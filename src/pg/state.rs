@@ -7,7 +7,10 @@
 //!  slot missing, record says it streamed         the slot was lost: stop, say what is
 //!                                                missing since when, and the ways out
 //!  slot present                                  stream; note the acknowledged position
-//!                                                every status interval
+//!                                                (at most once a second while events
+//!                                                are acknowledged), and skip what it
+//!                                                covers if the slot rewound
+//!                                                (crate::relay::record)
 //! ```
 //!
 //! A new slot starts at the server's current position: creating one silently after the

@@ -11,6 +11,7 @@ pub mod lag;
 pub mod liveness;
 pub mod messages;
 pub mod pipeline;
+pub mod record;
 pub mod repair;
 pub mod router;
 pub mod run;

@@ -38,6 +38,7 @@ use crate::relay::deadletter::{self, DeadLetter, Refusal};
 use crate::relay::feedback::{feedback, Feedback};
 use crate::relay::lag::CommitTimes;
 use crate::relay::liveness::{Liveness, TickInput};
+use crate::relay::record::{RecordStep, Recorder, Resume};
 use crate::relay::router::OutboxEvent;
 use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
 use crate::relay::watch::{OutboxWatch, WatchReport};
@@ -112,10 +113,13 @@ pub(super) struct Pipeline {
     /// When the last status update went out, and the flush position it carried.
     pub(super) last_status_at: Instant,
     pub(super) last_reported: Lsn,
-    /// The position last written to the state table.
-    pub(super) last_recorded: Lsn,
-    /// The end of the last committed transaction that carried events.
-    pub(super) last_event_commit: Lsn,
+    /// When to write the acknowledged position into the state table.
+    pub(super) recorder: Recorder,
+    /// A record owed, due at this instant.
+    pub(super) record_due: Option<tokio::time::Instant>,
+    /// Skipping what the state table's record shows delivered (`committed` was built
+    /// from it): counted until the first transaction past it.
+    pub(super) resume: Option<Resume>,
     /// The open transaction carried an event (or a dead letter).
     pub(super) txn_had_events: bool,
     /// A status update owed for a moved position, due at this instant.
@@ -161,6 +165,10 @@ impl Pipeline {
                     self.send_status(false).await?;
                     self.ask_watch();
                 }
+                () = sleep_until_due(self.record_due), if self.record_due.is_some() => {
+                    self.record_due = None;
+                    self.record_position();
+                }
                 _ = timer.tick() => {
                     // The loop turns: /healthz stays good for a few more intervals.
                     let deadline = unix_ms_now().saturating_add(
@@ -168,18 +176,6 @@ impl Pipeline {
                     );
                     Metrics::set(&self.metrics.health.loop_deadline_unix_ms, deadline);
                     self.ask_watch();
-                    // Only once events were acknowledged since the last record: recording
-                    // writes WAL, which an idle relay would then acknowledge and record
-                    // again, forever (an UPDATE every interval on an idle database).
-                    if self.last_reported > self.last_recorded
-                        && self.last_event_commit > self.last_recorded
-                        && self.last_reported >= self.last_event_commit
-                    {
-                        // For the lost-slot check: where the slot stood, kept in the
-                        // database (once per status interval, not per update).
-                        self.watch.record(self.last_reported);
-                        self.last_recorded = self.last_reported;
-                    }
                     self.pump()?;
                     let probe = self.check_liveness(reading)?;
                     self.send_status(probe).await?;
@@ -298,6 +294,7 @@ impl Pipeline {
                 self.tracker.begin(seq)?;
                 self.commit_times.begin(seq, commit_ts_ms);
                 let skip = skip_for(self.committed.as_ref(), final_lsn);
+                self.count_resume(&skip);
                 self.skip_left = skip.events();
                 let skipped = match skip {
                     Skip::First(n) => {
@@ -329,7 +326,7 @@ impl Pipeline {
                 self.tracker.commit(seq, end_lsn)?;
                 self.commit_times.commit(seq, end_lsn);
                 if self.txn_had_events {
-                    self.last_event_commit = end_lsn;
+                    self.recorder.event_commit(end_lsn);
                     self.txn_had_events = false;
                 }
                 self.progress.transactions += 1;
@@ -355,8 +352,56 @@ impl Pipeline {
         if self.skip_left != u64::MAX {
             self.skip_left -= 1;
         }
-        Metrics::add(&self.metrics.skipped_committed, 1);
+        match &mut self.resume {
+            Some(resume) => {
+                resume.events += 1;
+                Metrics::add(&self.metrics.skipped_recorded, 1);
+            }
+            None => Metrics::add(&self.metrics.skipped_committed, 1),
+        }
         true
+    }
+
+    /// While resuming from the state table's record: count a skipped transaction, or
+    /// log the range skipped at the first transaction past it.
+    fn count_resume(&mut self, skip: &Skip) {
+        let Some(resume) = &mut self.resume else {
+            return;
+        };
+        if matches!(skip, Skip::All) {
+            resume.transactions += 1;
+            return;
+        }
+        tracing::info!(
+            from = %resume.from,
+            through = %resume.through,
+            transactions = resume.transactions,
+            events = resume.events,
+            "skipped the transactions between the slot's position and the relay's record: delivered before the slot rewound"
+        );
+        self.resume = None;
+    }
+
+    /// Writes the acknowledged position into the state table when events were
+    /// acknowledged since the last record, at most once per [`RECORD_GAP`](crate::relay::record::RECORD_GAP).
+    fn record_position(&mut self) {
+        let now = Instant::now();
+        match self.recorder.step(self.last_reported, now) {
+            RecordStep::Write(lsn) => {
+                if self.watch.record(lsn) {
+                    self.recorder.written(lsn, now);
+                } else {
+                    // A write is still queued: try again a gap later.
+                    let at = tokio::time::Instant::from_std(now + crate::relay::record::RECORD_GAP);
+                    self.record_due = Some(self.record_due.map_or(at, |due| due.min(at)));
+                }
+            }
+            RecordStep::At(at) => {
+                let at = tokio::time::Instant::from_std(at);
+                self.record_due = Some(self.record_due.map_or(at, |due| due.min(at)));
+            }
+            RecordStep::Nothing => {}
+        }
     }
 
     /// Count one routed event and queue it for its topic. An event routed to the
@@ -617,6 +662,7 @@ impl Pipeline {
         self.conn.send_status(&update).await?;
         self.last_status_at = Instant::now();
         self.last_reported = flush;
+        self.record_position();
         // This update carries everything acknowledged so far: nothing is owed.
         self.status_due = None;
         Metrics::set(&self.metrics.flush_lsn, flush.0);

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use crate::metrics::Metrics;
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
 use crate::pg::diagnose::{self, SetupError};
-use crate::pg::slot;
+use crate::pg::slot::{self, PreparedSource};
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
 use crate::relay::backoff::Backoff;
@@ -23,11 +23,13 @@ use crate::relay::liveness::{receive_timeout, status_interval, Liveness, Livenes
 use crate::relay::pipeline::{
     stopped, Pipeline, Progress, BACKOFF_RESET_AFTER, CLOSE_WAIT, HEALTHY_TICKS,
 };
+use crate::relay::record::{Recorder, Resume};
 use crate::relay::settings::Settings;
 use crate::relay::takeover::{self, SilenceWatch};
 use crate::relay::txn::TxnAssembler;
 use crate::relay::watch::{OutboxWatch, WatchTarget};
 use crate::relay::RelayError;
+use crate::sink::checkpoint::Checkpoint;
 use crate::sink::{Session, SinkOptions};
 
 /// Run the relay until `shutdown` resolves (graceful: `Ok`) or a definite error.
@@ -300,6 +302,11 @@ async fn run_attempt(
         return Ok(());
     };
     let committed = committed?;
+    let (committed, resume) = match committed {
+        // Exactly-once: the checkpoint is never behind the record (crate::relay::record).
+        Some(checkpoint) => (Some(checkpoint), None),
+        None => resume_from_record(&prepared, &spec.slot),
+    };
 
     let interval = status_interval(
         Duration::from_millis(postgres.status_interval_ms),
@@ -364,8 +371,9 @@ async fn run_attempt(
         metrics: Arc::clone(metrics),
         last_status_at: Instant::now(),
         last_reported: prepared.slot_lsn,
-        last_recorded: prepared.slot_lsn,
-        last_event_commit: Lsn::ZERO,
+        recorder: Recorder::new(prepared.slot_lsn),
+        record_due: None,
+        resume,
         txn_had_events: false,
         status_due: None,
         watch,
@@ -387,4 +395,48 @@ async fn run_attempt(
     );
     pipeline.conn.close(CLOSE_WAIT).await;
     Ok(())
+}
+
+/// The skip of what the state table's record shows delivered past the slot's position
+/// (the slot rewound: a PostgreSQL restart or crash, a failover), as a checkpoint of the
+/// same shape as exactly-once's; see [`crate::relay::record`] for why it is safe.
+fn resume_from_record(
+    prepared: &PreparedSource,
+    slot: &str,
+) -> (Option<Checkpoint>, Option<Resume>) {
+    let Some(record) = &prepared.record else {
+        return (None, None);
+    };
+    let Some(recorded) = record.acknowledged_lsn else {
+        return (None, None);
+    };
+    if recorded <= prepared.slot_lsn {
+        return (None, None);
+    }
+    if record.system_identifier.as_deref() != Some(prepared.system_id.as_str()) {
+        tracing::warn!(
+            slot,
+            recorded = %recorded,
+            record_system_id = record.system_identifier.as_deref().unwrap_or("none"),
+            system_id = %prepared.system_id,
+            "the state table's record of the slot comes from another PostgreSQL cluster (a copied database?): its position is not used, transactions after the slot's position are sent again"
+        );
+        return (None, None);
+    }
+    tracing::info!(
+        slot,
+        slot_lsn = %prepared.slot_lsn,
+        recorded = %recorded,
+        recorded_at = record.acknowledged_at.as_deref().unwrap_or("unknown"),
+        "the slot is behind the relay's record (PostgreSQL saves a slot's position only at checkpoints): transactions committed before the recorded position were delivered and are skipped"
+    );
+    (
+        Some(Checkpoint::new(slot, &prepared.system_id, recorded, None)),
+        Some(Resume {
+            from: prepared.slot_lsn,
+            through: recorded,
+            transactions: 0,
+            events: 0,
+        }),
+    )
 }

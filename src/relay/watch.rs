@@ -21,7 +21,9 @@
 //! The pipeline asks when it has something to acknowledge past the vouched position (a
 //! delivery, a status tick), so a check runs at most once per request and never blocks
 //! the loop. The same connection writes the acknowledged position into the relay's state
-//! table ([`crate::pg::state`]) once per status interval, for the lost-slot check.
+//! table ([`crate::pg::state`]) when the pipeline asks (at most once a second, only while
+//! events are acknowledged: [`crate::relay::record`]), for the lost-slot check and the
+//! resume after the slot rewound.
 
 use tokio::sync::mpsc;
 
@@ -203,10 +205,10 @@ impl OutboxWatch {
             })
     }
 
-    /// Writes `lsn` as the acknowledged position into the state table (skipped when a
-    /// write is still queued: the next one carries a newer position).
-    pub fn record(&mut self, lsn: Lsn) {
-        let _ = self.records.try_send(lsn);
+    /// Writes `lsn` as the acknowledged position into the state table; `false` when a
+    /// write is still queued (ask again later: the next one carries a newer position).
+    pub fn record(&mut self, lsn: Lsn) -> bool {
+        self.records.try_send(lsn).is_ok()
     }
 
     /// The next report (cancel-safe: use it in `select!`). `None` once the task ended

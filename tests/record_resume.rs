@@ -1,0 +1,68 @@
+//! After PostgreSQL forgets part of a slot's progress (it saves `confirmed_flush_lsn` only
+//! at checkpoints), the relay resumes from its own record in the state table instead of
+//! sending everything since the last checkpoint again (src/relay/record.rs).
+
+use outbox_relay_harness as support;
+
+use support::outbox::{
+    cluster_with_outbox, event_ids, insert_events, plain, start_streaming, stdout_config, SLOT,
+    WAIT,
+};
+use support::{lsn_to_u64, wait_for, PgCluster, PgOptions};
+
+/// The state table's acknowledged position.
+fn recorded(pg: &PgCluster) -> Option<u64> {
+    pg.client_db("app")
+        .query_opt(
+            "SELECT acknowledged_lsn::text FROM outbox_relay_state WHERE slot_name = $1",
+            &[&SLOT],
+        )
+        .unwrap()
+        .and_then(|row| row.get::<_, Option<String>>(0))
+        .map(|lsn| lsn_to_u64(&lsn))
+}
+
+#[test]
+fn a_crash_restart_of_postgresql_sends_nothing_again_that_the_record_covers() {
+    let mut pg = cluster_with_outbox(PgOptions::default());
+    let config = stdout_config(&pg);
+    let relay = start_streaming(&config);
+    let created_at = pg.slot_confirmed_flush_lsn(SLOT).expect("the slot");
+    let before = insert_events(&pg, "before", 20);
+    let after_inserts = pg.current_wal_lsn();
+    assert_eq!(event_ids(&relay.wait_for_lines(20, WAIT)), before);
+    let record = wait_for("the record covers the 20 events", WAIT, || {
+        recorded(&pg).filter(|&lsn| lsn >= after_inserts)
+    });
+
+    // A crash: the slot's position on disk is the one of its creation (no checkpoint
+    // since), the record is in the WAL and survives.
+    pg.stop_immediate();
+    pg.start_again();
+    let rewound = pg.slot_confirmed_flush_lsn(SLOT).expect("the slot");
+    assert!(
+        rewound < record,
+        "the slot rewound behind the record (at {rewound:X}, record {record:X}, created at {created_at:X})"
+    );
+
+    let sentinel = insert_events(&pg, "sentinel", 1);
+    let lines = relay.wait_for_lines(21, WAIT);
+    let ids = event_ids(&lines);
+    assert_eq!(
+        ids[20..],
+        sentinel[..],
+        "after the crash only the new event arrives, nothing of the 20 again; relay stderr:\n{}",
+        relay.stderr_tail()
+    );
+    let stderr = plain(&relay.stderr());
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("skipped the transactions between"))
+        .unwrap_or_else(|| panic!("the skipped range is logged:\n{stderr}"));
+    assert!(
+        line.contains(&format!("through={}", support::u64_to_lsn(record)))
+            && line.contains("events=20")
+            && line.contains("transactions=20"),
+        "the range skipped is exactly the recorded one, with its 20 events: {line}"
+    );
+}
