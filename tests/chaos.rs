@@ -195,12 +195,13 @@ fn chaos_committed_events_survive_faults_in_commit_order() {
     let duplicates = u64::try_from(verdict.duplicates).expect("fits");
     let relay_duplicates = duplicates.saturating_sub(crash_replayable);
     support::outbox::report(&format!(
-        "chaos: {committed} events, {faults} faults, {} lost, {} duplicates ({} allowed for \
-         the {} PostgreSQL crash rewinds; {:.2} per event beyond them)",
+        "chaos: {committed} events, {faults} faults, {} lost, {} duplicates, {:.3} per event \
+         (the {} PostgreSQL crash rewinds could send {} again; {:.3} per event beyond them)",
         verdict.lost,
         verdict.duplicates,
-        crash_replayable,
+        duplicates as f64 / committed.max(1) as f64,
         rig.crash_windows.len(),
+        crash_replayable,
         relay_duplicates as f64 / committed.max(1) as f64
     ));
     if relay_duplicates > committed {

@@ -5,22 +5,10 @@
 use outbox_relay_harness as support;
 
 use support::outbox::{
-    cluster_with_outbox, event_ids, insert_events, plain, start_streaming, stdout_config, SLOT,
-    WAIT,
+    cluster_with_outbox, event_ids, insert_events, plain, recorded_lsn, start_streaming,
+    stdout_config, SLOT, WAIT,
 };
-use support::{lsn_to_u64, wait_for, PgCluster, PgOptions};
-
-/// The state table's acknowledged position.
-fn recorded(pg: &PgCluster) -> Option<u64> {
-    pg.client_db("app")
-        .query_opt(
-            "SELECT acknowledged_lsn::text FROM outbox_relay_state WHERE slot_name = $1",
-            &[&SLOT],
-        )
-        .unwrap()
-        .and_then(|row| row.get::<_, Option<String>>(0))
-        .map(|lsn| lsn_to_u64(&lsn))
-}
+use support::{wait_for, PgOptions};
 
 #[test]
 fn a_crash_restart_of_postgresql_sends_nothing_again_that_the_record_covers() {
@@ -32,7 +20,7 @@ fn a_crash_restart_of_postgresql_sends_nothing_again_that_the_record_covers() {
     let after_inserts = pg.current_wal_lsn();
     assert_eq!(event_ids(&relay.wait_for_lines(20, WAIT)), before);
     let record = wait_for("the record covers the 20 events", WAIT, || {
-        recorded(&pg).filter(|&lsn| lsn >= after_inserts)
+        recorded_lsn(&pg).filter(|&lsn| lsn >= after_inserts)
     });
 
     // A crash: the slot's position on disk is the one of its creation (no checkpoint

@@ -53,6 +53,22 @@ fn sentinel(pg: &PgCluster, relay: &RelayProcess, expected_before: usize) -> Vec
     lines
 }
 
+/// The relay exits 0 after SIGTERM, its final status update past `lsn` (the WAL position
+/// before the last transaction).
+fn exits_acknowledging_past(pg: &PgCluster, relay: &RelayProcess, lsn: u64) {
+    let status = relay.wait_exit(WAIT);
+    assert!(status.success(), "graceful shutdown exits 0, got {status}");
+    let confirmed = pg
+        .slot_confirmed_flush_lsn(SLOT)
+        .expect("slot has a position");
+    assert!(
+        confirmed > lsn,
+        "the final status update acknowledged the last transaction: slot at {confirmed:X}, \
+         last commit after {lsn:X}; relay stderr:\n{}",
+        relay.stderr_tail()
+    );
+}
+
 fn lsn_value(text: &str) -> u64 {
     support::lsn_to_u64(text)
 }
@@ -157,15 +173,7 @@ fn sigterm_acknowledges_end_lsn_so_a_restart_prints_only_new_rows() {
     }
     relay.wait_for_lines(5, WAIT);
     relay.sigterm();
-    let status = relay.wait_exit(WAIT);
-    assert!(status.success(), "graceful shutdown exits 0, got {status}");
-    let confirmed = pg
-        .slot_confirmed_flush_lsn(SLOT)
-        .expect("slot has a position");
-    assert!(
-        confirmed > before_last_commit,
-        "the final status update acknowledged the last transaction"
-    );
+    exits_acknowledging_past(&pg, &relay, before_last_commit);
     drop(relay);
 
     for n in 0..10 {
@@ -212,14 +220,7 @@ fn sigterm_during_a_slow_outbox_check_still_acknowledges_the_last_transaction() 
     // the publication catalogs too): the next record is then a second away, and the
     // check asked on the next delivery runs before it.
     support::wait_until("the first event recorded", WAIT, || {
-        pg.client_db("app")
-            .query_opt(
-                "SELECT acknowledged_lsn::text FROM outbox_relay_state WHERE slot_name = $1",
-                &[&SLOT],
-            )
-            .unwrap()
-            .and_then(|row| row.get::<_, Option<String>>(0))
-            .is_some_and(|lsn| lsn_value(&lsn) >= after_first)
+        support::outbox::recorded_lsn(&pg).is_some_and(|lsn| lsn >= after_first)
     });
     // Hold every outbox check at its second step (after it read the WAL position).
     let mut locker = pg.client_db("app");
@@ -249,17 +250,7 @@ fn sigterm_during_a_slow_outbox_check_still_acknowledges_the_last_transaction() 
     relay.sigterm();
     relay.wait_for_stderr("shutdown requested", WAIT);
     lock.rollback().unwrap();
-    let status = relay.wait_exit(WAIT);
-    assert!(status.success(), "graceful shutdown exits 0, got {status}");
-    let confirmed = pg
-        .slot_confirmed_flush_lsn(SLOT)
-        .expect("slot has a position");
-    assert!(
-        confirmed > before_last_commit,
-        "the final status update acknowledged the last transaction: slot at {confirmed:X}, \
-         last commit after {before_last_commit:X}; relay stderr:\n{}",
-        relay.stderr_tail()
-    );
+    exits_acknowledging_past(&pg, &relay, before_last_commit);
 }
 
 /// With the default 10 s status interval, the slot follows delivery within a fraction of

@@ -211,3 +211,16 @@ pub fn slot_active_pid(pg: &PgCluster) -> Option<i32> {
         .flatten()
         .and_then(|row| row.get(0))
 }
+
+/// The acknowledged position in the relay's state table (database `app`, the default
+/// table), if it has recorded one for [`SLOT`].
+pub fn recorded_lsn(pg: &PgCluster) -> Option<u64> {
+    pg.client_db("app")
+        .query_opt(
+            "SELECT acknowledged_lsn::text FROM outbox_relay_state WHERE slot_name = $1",
+            &[&SLOT],
+        )
+        .unwrap_or_else(|e| panic!("reading the relay's record: {e}"))
+        .and_then(|row| row.get::<_, Option<String>>(0))
+        .map(|lsn| crate::lsn_to_u64(&lsn))
+}

@@ -57,15 +57,19 @@ fn definite(message: impl Into<String>) -> SetupError {
     SetupError::Definite(message.into())
 }
 
+/// The server's version as it reports it at start-up (`server_version`).
+fn server_version_text(conn: &PgConnection) -> String {
+    conn.parameter("server_version")
+        .unwrap_or("unknown")
+        .to_owned()
+}
+
 /// Check the server, create what is missing, and report where the slot stands.
 pub async fn prepare(
     conn: &mut PgConnection,
     spec: &SourceSpec,
 ) -> Result<PreparedSource, SetupError> {
-    let server_version = conn
-        .parameter("server_version")
-        .unwrap_or("unknown")
-        .to_owned();
+    let server_version = server_version_text(conn);
     let wal_level = conn.simple_query("SHOW wal_level").await?;
     let wal_level = wal_level
         .rows
@@ -168,10 +172,7 @@ pub async fn ensure_publication_for_slot(
     conn: &mut PgConnection,
     spec: &SourceSpec,
 ) -> Result<bool, SetupError> {
-    let server_version = conn
-        .parameter("server_version")
-        .unwrap_or("unknown")
-        .to_owned();
+    let server_version = server_version_text(conn);
     let version_num = server_version_num(conn).await?;
     let partitioned = if spec.outbox {
         outbox_relation(conn, spec, &server_version, version_num)
