@@ -513,11 +513,11 @@ mod tests {
             )),
             "{text}"
         );
-        // 18 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
+        // 19 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
         // per-topic series before any delivery.
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
-            18 + 1 + 17
+            19 + 1 + 17
         );
     }
 

@@ -55,3 +55,26 @@ fn a_crash_restart_of_postgresql_sends_nothing_again_that_the_record_covers() {
         "the range skipped is exactly the recorded one, with its 20 events: {line}"
     );
 }
+
+/// A graceful stop writes the last acknowledged position into the record before it exits
+/// (records are otherwise at most one a second, so the last second would be missing).
+#[test]
+fn a_graceful_stop_records_the_last_acknowledged_position() {
+    let pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&stdout_config(&pg));
+    let mut before_last = 0;
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        before_last = pg.current_wal_lsn();
+        ids.extend(insert_events(&pg, "before", 1));
+    }
+    assert_eq!(event_ids(&relay.wait_for_lines(20, WAIT)), ids);
+    relay.sigterm();
+    assert!(relay.wait_exit(WAIT).success());
+    let recorded = recorded_lsn(&pg).expect("a record");
+    assert!(
+        recorded > before_last,
+        "the record covers the last transaction (record {recorded:X}, last commit after {before_last:X}); relay stderr:\n{}",
+        relay.stderr_tail()
+    );
+}

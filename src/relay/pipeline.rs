@@ -739,7 +739,18 @@ impl Pipeline {
                 }
             }
         }
-        self.send_status(false).await
+        self.send_status(false).await?;
+        // A record still owed (acknowledged within the last RECORD_GAP): written now and
+        // awaited, so a rewind of the slot after this stop sends none of it again.
+        if self.recorder.owes(self.last_reported) {
+            let lsn = self.last_reported;
+            if self.watch.record_and_wait(lsn, CLOSE_WAIT).await {
+                self.recorder.written(lsn, Instant::now());
+            } else {
+                tracing::warn!(acknowledged = %lsn, "the last acknowledged position could not be recorded at shutdown: if PostgreSQL rewinds the slot, events acknowledged in the last second are sent again");
+            }
+        }
+        Ok(())
     }
 }
 

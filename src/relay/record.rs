@@ -57,7 +57,8 @@
 //! At most what was acknowledged in the last [`RECORD_GAP`] before the fault (plus what
 //! was in flight, as always with at-least-once): positions acknowledged are recorded at
 //! most [`RECORD_GAP`] later, and a fault between an acknowledgement and its record
-//! resends only that window.
+//! resends only that window. A graceful stop writes the last position and waits for the
+//! write (bounded), so a stop followed by a rewind resends nothing.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -109,8 +110,8 @@ impl Recorder {
         self.event_commits.push_back(end_lsn);
     }
 
-    /// The acknowledged position is `acknowledged` at `now`.
-    pub fn step(&mut self, acknowledged: Lsn, now: Instant) -> RecordStep {
+    /// Whether `acknowledged` covers events not recorded yet (whatever the time).
+    pub fn owes(&mut self, acknowledged: Lsn) -> bool {
         while self
             .event_commits
             .front()
@@ -119,7 +120,12 @@ impl Recorder {
             self.event_commits.pop_front();
             self.owed = true;
         }
-        if !self.owed || acknowledged <= self.recorded {
+        self.owed && acknowledged > self.recorded
+    }
+
+    /// The acknowledged position is `acknowledged` at `now`.
+    pub fn step(&mut self, acknowledged: Lsn, now: Instant) -> RecordStep {
+        if !self.owes(acknowledged) {
             return RecordStep::Nothing;
         }
         match self.last_write.map(|at| at + RECORD_GAP) {

@@ -25,7 +25,7 @@
 //! events are acknowledged: [`crate::relay::record`]), for the lost-slot check and the
 //! resume after the slot rewound.
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
 use crate::pg::publication::{identity_query, PublicationChange, PublicationIdentity};
@@ -69,7 +69,7 @@ pub struct WatchTarget {
 /// The pipeline's handle on the watch task.
 pub struct OutboxWatch {
     requests: mpsc::Sender<()>,
-    records: mpsc::Sender<Lsn>,
+    records: mpsc::Sender<(Lsn, Option<oneshot::Sender<()>>)>,
     reports: mpsc::Receiver<WatchReport>,
     /// Since when a check (or the first reading) is awaited.
     pending_since: Option<std::time::Instant>,
@@ -92,7 +92,7 @@ impl OutboxWatch {
             slot,
         } = target;
         let (requests, mut request_rx) = mpsc::channel::<()>(1);
-        let (records, mut record_rx) = mpsc::channel::<Lsn>(1);
+        let (records, mut record_rx) = mpsc::channel::<(Lsn, Option<oneshot::Sender<()>>)>(1);
         let (report_tx, reports) = mpsc::channel(4);
         let task = tokio::spawn(async move {
             let mut conn = match PgConnection::connect(&connect, SessionKind::Sql).await {
@@ -142,9 +142,14 @@ impl OutboxWatch {
                             Err(report) => report,
                         }
                     }
-                    Some(lsn) = record_rx.recv() => {
+                    Some((lsn, done)) = record_rx.recv() => {
                         match conn.simple_query(&state::acknowledged_sql(&state_table, &slot, lsn)).await {
-                            Ok(_) => continue,
+                            Ok(_) => {
+                                if let Some(done) = done {
+                                    let _ = done.send(());
+                                }
+                                continue;
+                            }
                             Err(error) => WatchReport::Failed(error),
                         }
                     }
@@ -208,7 +213,16 @@ impl OutboxWatch {
     /// Writes `lsn` as the acknowledged position into the state table; `false` when a
     /// write is still queued (ask again later: the next one carries a newer position).
     pub fn record(&mut self, lsn: Lsn) -> bool {
-        self.records.try_send(lsn).is_ok()
+        self.records.try_send((lsn, None)).is_ok()
+    }
+
+    /// Writes `lsn` into the state table and waits (at most `wait`) until it is written:
+    /// the last record at shutdown. Whether it was.
+    pub async fn record_and_wait(&mut self, lsn: Lsn, wait: std::time::Duration) -> bool {
+        let (done, written) = oneshot::channel();
+        let written =
+            async { self.records.send((lsn, Some(done))).await.is_ok() && written.await.is_ok() };
+        tokio::time::timeout(wait, written).await.unwrap_or(false)
     }
 
     /// The next report (cancel-safe: use it in `select!`). `None` once the task ended
