@@ -184,10 +184,8 @@ fn chaos_committed_events_survive_faults_in_commit_order() {
     let verdict = verify(&records, &logs);
     let elapsed = started.elapsed();
 
-    // Invariant 9's bound: the relay's own duplicates (kill -9, cut links, broker
-    // outages, stall releases) stay under one per event now that acknowledgements are
-    // prompt. PostgreSQL crash restarts rewind the slot to its last checkpoint and send
-    // everything since again: those are counted apart, from the crash windows.
+    // Invariant 9's bound. PostgreSQL crash restarts rewind the slot to its last
+    // checkpoint; the crash windows are counted to show what the record saves.
     let crash_replayable: u64 = logs
         .iter()
         .map(|log| log.crash_replayable_events(&rig.crash_windows))
@@ -204,10 +202,14 @@ fn chaos_committed_events_survive_faults_in_commit_order() {
         crash_replayable,
         relay_duplicates as f64 / committed.max(1) as f64
     ));
-    if relay_duplicates > committed {
+    // Since the resume from the relay's record (src/relay/record.rs), crash rewinds send
+    // again only about the last second before each: all duplicates together stay under
+    // one per ten events (measured: 0.005 per event; before the record, 0.24).
+    if duplicates * 10 > committed {
         failures.push(format!(
-            "{duplicates} duplicates: {relay_duplicates} beyond the {crash_replayable} that \
-             PostgreSQL crash rewinds may send again, more than one per event ({committed})"
+            "{duplicates} duplicates for {committed} events, more than 0.1 per event \
+             ({relay_duplicates} beyond the {crash_replayable} the PostgreSQL crash rewinds \
+             would send again without the record)"
         ));
     }
     let sum = |f: fn(&WriterLog) -> usize| logs.iter().map(f).sum::<usize>();
