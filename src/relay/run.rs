@@ -255,6 +255,7 @@ async fn run_attempt(
             keep_events: dead_letter_topic.is_some(),
             metrics: Arc::clone(metrics),
             slot: Some(spec.slot.to_string()),
+            partition_column: settings.router.partition_column().map(str::to_owned),
         },
     )?;
     if let Some(topic) = &dead_letter_topic {

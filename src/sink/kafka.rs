@@ -48,6 +48,7 @@ use crate::sink::kafka_eos::{self, EosSettings, Transactions};
 use crate::sink::kafka_errors::{
     action, client_error_stop, is_size_error, redact, stop_hint, ErrorAction,
 };
+use crate::sink::kafka_placement::Placement;
 use crate::sink::kafka_topics::illegal_topic_name;
 use crate::sink::kafka_topics::TopicPreparer;
 use crate::sink::{
@@ -61,6 +62,8 @@ pub(super) struct InFlight {
     pub(super) tag: Option<RecordTag>,
     /// Kept only when a dead-letter topic can take the event if it is refused.
     pub(super) event: Option<Box<OutboxEvent>>,
+    /// The partition the event asked for (a `partition` placement).
+    pub(super) partition: Option<i32>,
 }
 
 /// Receives librdkafka's callbacks and turns them into [`SinkNotice`]s.
@@ -75,6 +78,8 @@ pub(super) struct RelayContext {
     /// Exactly-once: a record is durable when its transaction commits, not at its
     /// delivery report, and a failed one fails its whole transaction.
     transactional: bool,
+    /// For a partition placement the topic cannot take.
+    placement: Placement,
 }
 
 impl ClientContext for RelayContext {
@@ -99,7 +104,11 @@ impl ProducerContext for RelayContext {
     type DeliveryOpaque = Box<InFlight>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
-        let InFlight { tag, event } = *in_flight;
+        let InFlight {
+            tag,
+            event,
+            partition,
+        } = *in_flight;
         let notice = match (result, tag) {
             (Ok(message), tag) => {
                 if tag.is_some() {
@@ -116,6 +125,12 @@ impl ProducerContext for RelayContext {
                     .rdkafka_error_code()
                     .unwrap_or(RDKafkaErrorCode::Unknown);
                 let place = format!("{}/{}", message.topic(), message.partition());
+                if let Some(reason) = self.placement.refusal(code, message.topic(), partition) {
+                    let _ = self.notices.send(SinkNotice::Stop {
+                        reason: format!("{reason}; with exactly_once a record the broker refuses fails its whole Kafka transaction, so it cannot become a dead letter"),
+                    });
+                    return;
+                }
                 match action(code) {
                     ErrorAction::Stop => SinkNotice::Stop {
                         reason: format!(
@@ -142,6 +157,15 @@ impl ProducerContext for RelayContext {
                     .rdkafka_error_code()
                     .unwrap_or(RDKafkaErrorCode::Unknown);
                 let place = format!("{}/{}", message.topic(), message.partition());
+                if let Some(reason) = self.placement.refusal(code, message.topic(), partition) {
+                    let failure = DeliveryFailure {
+                        reason,
+                        too_large: false,
+                        event,
+                    };
+                    let _ = self.notices.send(SinkNotice::Failed { tag, failure });
+                    return;
+                }
                 match action(code) {
                     ErrorAction::Retry => SinkNotice::Retry {
                         reason: format!("a record for {place} failed: {error}"),
@@ -213,6 +237,7 @@ pub struct KafkaSink {
     pub(super) metrics: Arc<Metrics>,
     /// Fires [`SinkNotice::Due`] when the open transaction is old enough.
     pub(super) due_timer: Option<tokio::task::JoinHandle<()>>,
+    placement: Placement,
 }
 
 impl Drop for KafkaSink {
@@ -249,7 +274,9 @@ impl KafkaSink {
         keep_events: bool,
         metrics: Arc<Metrics>,
         slot: Option<&str>,
+        partition_column: Option<String>,
     ) -> Result<Self, SinkError> {
+        let placement = Placement::new(partition_column);
         let max_message_bytes = message_max_bytes(&settings.properties).to_string();
         let eos = match slot {
             Some(slot) if settings.exactly_once => Some(EosSettings {
@@ -294,6 +321,7 @@ impl KafkaSink {
                 metrics: Arc::clone(&metrics),
                 properties: settings.properties.clone(),
                 transactional: eos.is_some(),
+                placement: placement.clone(),
             })
             .map_err(|e| SinkError::KafkaSetup(settings.client_error(&e)))?;
         let producer = Arc::new(producer);
@@ -313,12 +341,14 @@ impl KafkaSink {
                 create_topics: settings.create_topics,
                 partitions: settings.topic_partitions,
                 replication_factor: settings.topic_replication_factor,
+                partition_counts: placement.counts(),
             },
             notices,
             keep_events,
             topics: HashMap::new(),
             tasks: JoinSet::new(),
             max_message_bytes,
+            placement,
         })
     }
 
@@ -339,8 +369,9 @@ impl KafkaSink {
         }
         while self.tasks.try_join_next().is_some() {}
         self.topics.insert(topic.to_owned(), TopicState::Pending);
+        // "created topic" (info) follows only when the topic was really missing.
         if self.preparer.create_topics {
-            tracing::info!(%topic, "creating topic");
+            tracing::debug!(%topic, "creating the topic unless it exists");
         } else {
             tracing::debug!(%topic, "checking that the topic exists");
         }
@@ -436,6 +467,7 @@ impl Sink for KafkaSink {
         let in_flight = Box::new(InFlight {
             tag: Some(tag),
             event: self.keep_events.then(|| Box::new(event.clone())),
+            partition: event.partition,
         });
         let mut record = BaseRecord::with_opaque_to(&event.topic, in_flight)
             .headers(headers)
@@ -471,6 +503,13 @@ impl Sink for KafkaSink {
         }
         if let Some(reason) = self.fenced() {
             return Err(SendError::Sink(SinkError::KafkaStop(reason)));
+        }
+        if let Some(reason) = self.placement.refusal(code, &event.topic, event.partition) {
+            return Err(SendError::Refused {
+                reason,
+                too_large: false,
+                event,
+            });
         }
         match action(code) {
             ErrorAction::Retry => {
