@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::metrics::Metrics;
+use crate::metrics::{AgeWriter, Metrics};
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
 use crate::pg::diagnose::{self, SetupError};
 use crate::pg::slot;
@@ -373,6 +373,9 @@ async fn run_attempt(
         table: spec.table.clone(),
         committed,
         skip_left: 0,
+        // What earlier attempts left waiting still waits: the ages go on from there.
+        undelivered_age: AgeWriter::new(&metrics.oldest_undelivered),
+        lag_age: AgeWriter::new(&metrics.oldest_unacknowledged_commit),
     };
     match pipeline.stream(interval, &mut stop).await {
         Ok(()) => {}

@@ -48,6 +48,7 @@ use crate::sink::kafka_eos::{self, EosSettings, Transactions};
 use crate::sink::kafka_errors::{
     action, client_error_stop, is_size_error, redact, stop_hint, ErrorAction,
 };
+use crate::sink::kafka_log::{self, AdminContext};
 use crate::sink::kafka_placement::Placement;
 use crate::sink::kafka_topics::illegal_topic_name;
 use crate::sink::kafka_topics::TopicPreparer;
@@ -83,12 +84,17 @@ pub(super) struct RelayContext {
 }
 
 impl ClientContext for RelayContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        kafka_log::librdkafka_line(level, fac, &redact(log_message, &self.properties));
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         let reason = redact(reason, &self.properties);
         let code = error
             .rdkafka_error_code()
             .unwrap_or(RDKafkaErrorCode::Unknown);
-        tracing::warn!(error = %error, reason, "kafka client error");
+        // Once per cause, then a count at a bounded rate (kafka_log).
+        kafka_log::client_error(&error, &reason);
         // A refused login or TLS handshake: librdkafka would retry it for ever.
         if let Some(reason) = client_error_stop(code, &reason) {
             let _ = self.notices.send(SinkNotice::Stop { reason });
@@ -326,7 +332,9 @@ impl KafkaSink {
             .map_err(|e| SinkError::KafkaSetup(settings.client_error(&e)))?;
         let producer = Arc::new(producer);
         let admin = admin_config(&settings.brokers, &settings.properties)
-            .create()
+            .create_with_context(AdminContext {
+                properties: settings.properties.clone(),
+            })
             .map_err(|e| {
                 SinkError::KafkaSetup(format!("admin client: {}", settings.client_error(&e)))
             })?;

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 
 use crate::sink::kafka_errors::{action, stop_hint, ErrorAction};
+use crate::sink::kafka_log::AdminContext;
 use crate::sink::kafka_placement::PartitionCounts;
 use crate::sink::SinkError;
 
@@ -22,7 +22,7 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// What a topic task needs: the admin client and the `[kafka]` topic settings.
 #[derive(Clone)]
 pub(super) struct TopicPreparer {
-    pub(super) admin: Arc<AdminClient<DefaultClientContext>>,
+    pub(super) admin: Arc<AdminClient<AdminContext>>,
     pub(super) create_topics: bool,
     pub(super) partitions: i32,
     pub(super) replication_factor: i32,

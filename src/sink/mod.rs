@@ -10,6 +10,7 @@ pub mod kafka;
 pub mod kafka_config;
 pub mod kafka_eos;
 pub mod kafka_errors;
+pub mod kafka_log;
 pub mod kafka_placement;
 pub mod kafka_probe;
 pub mod kafka_topics;
