@@ -9,12 +9,17 @@
 //! pins their spelling, which dashboards and alerts depend on (docs/configuration.md
 //! lists them).
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+
+mod age;
+mod labels;
+
+pub use age::{AgeWriter, CarriedAge};
+pub use labels::{TopicCounts, MAX_TOPIC_LABELS, OTHER_TOPICS};
 
 pub const EVENTS_TOTAL: &str = "outbox_relay_events_total";
 pub const DEAD_LETTERED_TOTAL: &str = "outbox_relay_dead_lettered_total";
@@ -95,11 +100,14 @@ pub struct Metrics {
     pub flush_lsn: AtomicU64,
     pub received_lsn: AtomicU64,
     pub last_status_unix_seconds: AtomicU64,
-    pub oldest_undelivered_seconds: AtomicU64,
+    /// Since when the oldest event handed to the sink waits for its confirmation,
+    /// carried across pipeline attempts; the age is computed when read.
+    pub oldest_undelivered: CarriedAge,
     /// WAL the relay received and has not acknowledged (received - flush).
     pub replication_lag_bytes: AtomicU64,
-    /// Age (by its commit time) of the oldest transaction not yet acknowledged, in ms.
-    pub replication_lag_ms: AtomicU64,
+    /// The commit time of the oldest transaction not yet acknowledged, carried across
+    /// pipeline attempts: the replication lag in seconds is its age when read.
+    pub oldest_unacknowledged_commit: CarriedAge,
     /// Commit-to-delivery latency of each event.
     pub delivery_latency: Histogram,
     /// Records confirmed per topic (dead-letter records under the dead-letter topic).
@@ -108,26 +116,6 @@ pub struct Metrics {
     /// when routing failed).
     pub dead_lettered_by_topic: TopicCounts,
     pub health: Health,
-}
-
-/// Counters by topic name.
-#[derive(Debug, Default)]
-pub struct TopicCounts(Mutex<BTreeMap<String, u64>>);
-
-impl TopicCounts {
-    pub fn add(&self, topic: &str, n: u64) {
-        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        match counts.get_mut(topic) {
-            Some(count) => *count += n,
-            None => {
-                counts.insert(topic.to_owned(), n);
-            }
-        }
-    }
-
-    pub fn snapshot(&self) -> BTreeMap<String, u64> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
 }
 
 /// A Prometheus histogram with fixed buckets ([`LATENCY_BUCKETS`]).
@@ -204,7 +192,7 @@ impl Metrics {
         let streaming = get(&self.health.streaming) == 1;
         let alive = !streaming || now_unix_ms <= get(&self.health.loop_deadline_unix_ms);
         let stuck_after_ms = get(&self.health.stuck_after_ms);
-        let waiting_ms = get(&self.oldest_undelivered_seconds).saturating_mul(1000);
+        let waiting_ms = self.oldest_undelivered.age_ms_at(now_unix_ms);
         let stuck = stuck_after_ms > 0 && waiting_ms > stuck_after_ms;
         let standby = !streaming && get(&self.health.standby) == 1;
         HealthReport {
@@ -235,8 +223,13 @@ impl Metrics {
         gauge.store(value, Ordering::Relaxed);
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The Prometheus text exposition of every metric, ages as of now.
     pub fn render(&self) -> String {
+        self.render_at(unix_ms_now())
+    }
+
+    /// The Prometheus text exposition of every metric, ages as of `now_unix_ms`.
+    pub fn render_at(&self, now_unix_ms: u64) -> String {
         let mut out = String::with_capacity(1024);
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         for (name, kind, help, value) in [
@@ -340,7 +333,7 @@ impl Metrics {
                 OLDEST_UNDELIVERED_SECONDS,
                 "gauge",
                 "How long the oldest event handed to the sink has waited for its confirmation (0 when none waits); one stuck partition shows here.",
-                get(&self.oldest_undelivered_seconds),
+                self.oldest_undelivered.age_ms_at(now_unix_ms) / 1000,
             ),
             (
                 REPLICATION_LAG_BYTES,
@@ -359,7 +352,7 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
             ));
         }
-        let lag = get(&self.replication_lag_ms) as f64 / 1000.0;
+        let lag = self.oldest_unacknowledged_commit.age_ms_at(now_unix_ms) as f64 / 1000.0;
         out.push_str(&format!(
             "# HELP {REPLICATION_LAG_SECONDS} Age, by its commit time on PostgreSQL, of the oldest transaction not yet acknowledged (0 when all are).\n# TYPE {REPLICATION_LAG_SECONDS} gauge\n{REPLICATION_LAG_SECONDS} {lag}\n"
         ));
@@ -371,12 +364,12 @@ impl Metrics {
         for (name, help, counts) in [
             (
                 TOPIC_DELIVERED_TOTAL,
-                "Records confirmed by the sink, per topic.",
+                "Records confirmed by the sink, per topic (the first 100 topics; later ones under topic=\"_other\").",
                 &self.delivered_by_topic,
             ),
             (
                 TOPIC_DEAD_LETTERED_TOTAL,
-                "Events sent to the dead-letter topic, per the topic they were routed to (empty when routing failed).",
+                "Events sent to the dead-letter topic, per the topic they were routed to (empty when routing failed; the first 100 topics, later ones under topic=\"_other\").",
                 &self.dead_lettered_by_topic,
             ),
         ] {
@@ -522,6 +515,35 @@ mod tests {
     }
 
     #[test]
+    fn ages_are_computed_when_rendered_not_when_last_updated() {
+        let metrics = Metrics::new();
+        AgeWriter::new(&metrics.oldest_undelivered).update(
+            &metrics.oldest_undelivered,
+            Some(1_000),
+            0,
+            0,
+        );
+        AgeWriter::new(&metrics.oldest_unacknowledged_commit).update(
+            &metrics.oldest_unacknowledged_commit,
+            Some(500),
+            0,
+            0,
+        );
+        // No writer ran since: the ages still grow with the clock.
+        for (now, waited, lag) in [(2_000, 1, 1.5), (23_500, 22, 23.0)] {
+            let text = metrics.render_at(now);
+            assert!(
+                text.contains(&format!("\n{OLDEST_UNDELIVERED_SECONDS} {waited}\n")),
+                "{text}"
+            );
+            assert!(
+                text.contains(&format!("\n{REPLICATION_LAG_SECONDS} {lag}\n")),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
     fn the_latency_histogram_is_cumulative() {
         let histogram = Histogram::default();
         for seconds in [0.001, 0.02, 0.02, 7.0, 1e9, -1.0, f64::NAN] {
@@ -587,10 +609,10 @@ mod tests {
         );
         Metrics::set(&metrics.health.standby, 0);
         Metrics::set(&metrics.health.streaming, 1);
-        Metrics::set(&metrics.health.loop_deadline_unix_ms, 10_000);
+        Metrics::set(&metrics.health.loop_deadline_unix_ms, 100_000);
         Metrics::set(&metrics.health.stuck_after_ms, 30_000);
         assert_eq!(
-            report(9_000),
+            report(90_000),
             HealthReport {
                 alive: true,
                 ready: true,
@@ -599,7 +621,7 @@ mod tests {
         );
         // The loop stopped turning.
         assert_eq!(
-            report(10_001),
+            report(100_001),
             HealthReport {
                 alive: false,
                 ready: false,
@@ -607,9 +629,16 @@ mod tests {
             }
         );
         // The oldest undelivered event waits too long: alive, not ready.
-        Metrics::set(&metrics.oldest_undelivered_seconds, 31);
+        // Waiting since 59 s: 31 s at 90 s, computed when asked.
+        AgeWriter::new(&metrics.oldest_undelivered).update(
+            &metrics.oldest_undelivered,
+            Some(59_000),
+            0,
+            0,
+        );
+        assert!(report(80_000).ready, "21 s of waiting is not stuck yet");
         assert_eq!(
-            report(9_000),
+            report(90_000),
             HealthReport {
                 alive: true,
                 ready: false,

@@ -64,6 +64,11 @@ impl CommitTimes {
         })
     }
 
+    /// The commit time (unix ms) of the oldest transaction not acknowledged.
+    pub fn oldest_commit_ms(&self) -> Option<i64> {
+        self.open.front().map(|e| e.commit_ts_ms)
+    }
+
     /// A new attempt starts over from the slot's position.
     pub fn clear(&mut self) {
         self.open.clear();

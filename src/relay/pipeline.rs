@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::metrics::{unix_ms_now, Metrics};
+use crate::metrics::{unix_ms_now, AgeWriter, Metrics};
 use crate::pg::conn::{CopyEvent, DbError, PgConnection, PgError};
 use crate::pg::diagnose;
 use crate::pg::pgoutput::{self, PgTimestamp, StreamState};
@@ -133,6 +133,10 @@ pub(super) struct Pipeline {
     pub(super) committed: Option<Checkpoint>,
     /// Events of the open transaction still to skip (`u64::MAX`: all of them).
     pub(super) skip_left: u64,
+    /// Writers of `metrics.oldest_undelivered` and `metrics.oldest_unacknowledged_commit`
+    /// (carried over from earlier attempts).
+    pub(super) undelivered_age: AgeWriter,
+    pub(super) lag_age: AgeWriter,
 }
 
 impl Pipeline {
@@ -260,10 +264,7 @@ impl Pipeline {
     fn check_liveness(&mut self, reading: bool) -> Result<bool, RelayError> {
         let now = Instant::now();
         let oldest_undelivered = self.tracker.oldest_undelivered_age(now);
-        Metrics::set(
-            &self.metrics.oldest_undelivered_seconds,
-            oldest_undelivered.unwrap_or_default().as_secs(),
-        );
+        self.update_ages();
         let tick = TickInput {
             reading,
             watch_waiting: self.watch.waiting_for(now),
@@ -271,6 +272,35 @@ impl Pipeline {
             in_flight: self.tracker.in_flight(),
         };
         Ok(self.liveness.tick(now, tick)?)
+    }
+
+    /// Store since when the oldest undelivered event and the oldest unacknowledged
+    /// transaction wait; the gauges compute their ages when read, so they stay true
+    /// while the loop is stalled or between attempts (`metrics::age`).
+    fn update_ages(&mut self) {
+        let now_ms = unix_ms_now();
+        let waiting_since = self
+            .tracker
+            .oldest_undelivered_age(Instant::now())
+            .map(|age| now_ms.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)));
+        let acknowledged = self.last_reported.0;
+        let received = self.tracker.received().0;
+        self.undelivered_age.update(
+            &self.metrics.oldest_undelivered,
+            waiting_since,
+            acknowledged,
+            received,
+        );
+        let committed_at = self
+            .commit_times
+            .oldest_commit_ms()
+            .map(|ms| u64::try_from(ms).unwrap_or(0));
+        self.lag_age.update(
+            &self.metrics.oldest_unacknowledged_commit,
+            committed_at,
+            acknowledged,
+            received,
+        );
     }
 
     /// A notice in the middle of the stream is logged; one saying that PostgreSQL skips
@@ -417,6 +447,10 @@ impl Pipeline {
         };
         self.progress.events += 1;
         Metrics::add(&self.metrics.events, 1);
+        if self.metrics.oldest_undelivered.since_ms().is_none() {
+            // The first event waiting: its age counts from now, not from the next tick.
+            self.update_ages();
+        }
         if self.dead_letter_topic.as_deref() == Some(event.topic.as_str()) {
             let reason = format!(
                 "routed to the dead-letter topic's own name {:?}; change the route-by value or [outbox] topic, or choose another [dead_letter] topic",
@@ -595,7 +629,9 @@ impl Pipeline {
                         .delivery_latency
                         .observe(waited_ms as f64 / 1000.0);
                 }
-                self.tracker.delivered(tag.ticket)?
+                self.tracker.delivered(tag.ticket)?;
+                // The oldest may have been delivered: the next one's wait is the age.
+                self.update_ages();
             }
             SinkNotice::Failed { tag, failure } => self.refused(
                 tag,
@@ -672,11 +708,7 @@ impl Pipeline {
             update.write.0.saturating_sub(flush.0),
         );
         self.commit_times.acknowledged(flush);
-        let now_ms = i64::try_from(unix_ms_now()).unwrap_or(i64::MAX);
-        Metrics::set(
-            &self.metrics.replication_lag_ms,
-            self.commit_times.lag_ms(now_ms),
-        );
+        self.update_ages();
         Metrics::set(&self.metrics.in_flight, self.tracker.in_flight());
         Metrics::set(
             &self.metrics.in_flight_bytes,

@@ -139,6 +139,7 @@ pub async fn backfill(
             // Not transactional even with exactly_once: a backfill sends copies on
             // purpose and must not fence the running relay's producer.
             slot: None,
+            partition_column: router.partition_column().map(str::to_owned),
         },
     )?;
 

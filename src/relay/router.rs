@@ -152,6 +152,14 @@ pub struct RouterColumns<'a> {
 const QUOTED_VALUE_CHARS: usize = 64;
 
 impl Router {
+    /// The column of the `partition` placement, if there is one.
+    pub fn partition_column(&self) -> Option<&str> {
+        self.additional
+            .iter()
+            .find(|field| field.placement == Placement::Partition)
+            .map(|field| field.column.as_str())
+    }
+
     /// Build the router, or return every problem of the `[outbox]` routing settings,
     /// each starting with its key path (`outbox.additional[1]: …`).
     pub fn try_new(config: &OutboxConfig) -> Result<Self, Vec<String>> {

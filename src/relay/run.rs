@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::metrics::Metrics;
+use crate::metrics::{AgeWriter, Metrics};
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
 use crate::pg::diagnose::{self, SetupError};
 use crate::pg::slot::{self, PreparedSource};
@@ -257,6 +257,7 @@ async fn run_attempt(
             keep_events: dead_letter_topic.is_some(),
             metrics: Arc::clone(metrics),
             slot: Some(spec.slot.to_string()),
+            partition_column: settings.router.partition_column().map(str::to_owned),
         },
     )?;
     if let Some(topic) = &dead_letter_topic {
@@ -380,6 +381,9 @@ async fn run_attempt(
         table: spec.table.clone(),
         committed,
         skip_left: 0,
+        // What earlier attempts left waiting still waits: the ages go on from there.
+        undelivered_age: AgeWriter::new(&metrics.oldest_undelivered),
+        lag_age: AgeWriter::new(&metrics.oldest_unacknowledged_commit),
     };
     match pipeline.stream(interval, &mut stop).await {
         Ok(()) => {}

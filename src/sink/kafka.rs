@@ -48,6 +48,8 @@ use crate::sink::kafka_eos::{self, EosSettings, Transactions};
 use crate::sink::kafka_errors::{
     action, client_error_stop, is_size_error, redact, stop_hint, ErrorAction,
 };
+use crate::sink::kafka_log::{self, AdminContext};
+use crate::sink::kafka_placement::Placement;
 use crate::sink::kafka_topics::illegal_topic_name;
 use crate::sink::kafka_topics::TopicPreparer;
 use crate::sink::{
@@ -61,6 +63,8 @@ pub(super) struct InFlight {
     pub(super) tag: Option<RecordTag>,
     /// Kept only when a dead-letter topic can take the event if it is refused.
     pub(super) event: Option<Box<OutboxEvent>>,
+    /// The partition the event asked for (a `partition` placement).
+    pub(super) partition: Option<i32>,
 }
 
 /// Receives librdkafka's callbacks and turns them into [`SinkNotice`]s.
@@ -75,15 +79,22 @@ pub(super) struct RelayContext {
     /// Exactly-once: a record is durable when its transaction commits, not at its
     /// delivery report, and a failed one fails its whole transaction.
     transactional: bool,
+    /// For a partition placement the topic cannot take.
+    placement: Placement,
 }
 
 impl ClientContext for RelayContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        kafka_log::librdkafka_line(level, fac, &redact(log_message, &self.properties));
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         let reason = redact(reason, &self.properties);
         let code = error
             .rdkafka_error_code()
             .unwrap_or(RDKafkaErrorCode::Unknown);
-        tracing::warn!(error = %error, reason, "kafka client error");
+        // Once per cause, then a count at a bounded rate (kafka_log).
+        kafka_log::client_error(&error, &reason);
         // A refused login or TLS handshake: librdkafka would retry it for ever.
         if let Some(reason) = client_error_stop(code, &reason) {
             let _ = self.notices.send(SinkNotice::Stop { reason });
@@ -99,7 +110,11 @@ impl ProducerContext for RelayContext {
     type DeliveryOpaque = Box<InFlight>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
-        let InFlight { tag, event } = *in_flight;
+        let InFlight {
+            tag,
+            event,
+            partition,
+        } = *in_flight;
         let notice = match (result, tag) {
             (Ok(message), tag) => {
                 if tag.is_some() {
@@ -116,6 +131,12 @@ impl ProducerContext for RelayContext {
                     .rdkafka_error_code()
                     .unwrap_or(RDKafkaErrorCode::Unknown);
                 let place = format!("{}/{}", message.topic(), message.partition());
+                if let Some(reason) = self.placement.refusal(code, message.topic(), partition) {
+                    let _ = self.notices.send(SinkNotice::Stop {
+                        reason: format!("{reason}; with exactly_once a record the broker refuses fails its whole Kafka transaction, so it cannot become a dead letter"),
+                    });
+                    return;
+                }
                 match action(code) {
                     ErrorAction::Stop => SinkNotice::Stop {
                         reason: format!(
@@ -142,6 +163,15 @@ impl ProducerContext for RelayContext {
                     .rdkafka_error_code()
                     .unwrap_or(RDKafkaErrorCode::Unknown);
                 let place = format!("{}/{}", message.topic(), message.partition());
+                if let Some(reason) = self.placement.refusal(code, message.topic(), partition) {
+                    let failure = DeliveryFailure {
+                        reason,
+                        too_large: false,
+                        event,
+                    };
+                    let _ = self.notices.send(SinkNotice::Failed { tag, failure });
+                    return;
+                }
                 match action(code) {
                     ErrorAction::Retry => SinkNotice::Retry {
                         reason: format!("a record for {place} failed: {error}"),
@@ -213,6 +243,7 @@ pub struct KafkaSink {
     pub(super) metrics: Arc<Metrics>,
     /// Fires [`SinkNotice::Due`] when the open transaction is old enough.
     pub(super) due_timer: Option<tokio::task::JoinHandle<()>>,
+    placement: Placement,
 }
 
 impl Drop for KafkaSink {
@@ -249,7 +280,9 @@ impl KafkaSink {
         keep_events: bool,
         metrics: Arc<Metrics>,
         slot: Option<&str>,
+        partition_column: Option<String>,
     ) -> Result<Self, SinkError> {
+        let placement = Placement::new(partition_column);
         let max_message_bytes = message_max_bytes(&settings.properties).to_string();
         let eos = match slot {
             Some(slot) if settings.exactly_once => Some(EosSettings {
@@ -294,11 +327,14 @@ impl KafkaSink {
                 metrics: Arc::clone(&metrics),
                 properties: settings.properties.clone(),
                 transactional: eos.is_some(),
+                placement: placement.clone(),
             })
             .map_err(|e| SinkError::KafkaSetup(settings.client_error(&e)))?;
         let producer = Arc::new(producer);
         let admin = admin_config(&settings.brokers, &settings.properties)
-            .create()
+            .create_with_context(AdminContext {
+                properties: settings.properties.clone(),
+            })
             .map_err(|e| {
                 SinkError::KafkaSetup(format!("admin client: {}", settings.client_error(&e)))
             })?;
@@ -313,12 +349,14 @@ impl KafkaSink {
                 create_topics: settings.create_topics,
                 partitions: settings.topic_partitions,
                 replication_factor: settings.topic_replication_factor,
+                partition_counts: placement.counts(),
             },
             notices,
             keep_events,
             topics: HashMap::new(),
             tasks: JoinSet::new(),
             max_message_bytes,
+            placement,
         })
     }
 
@@ -339,8 +377,9 @@ impl KafkaSink {
         }
         while self.tasks.try_join_next().is_some() {}
         self.topics.insert(topic.to_owned(), TopicState::Pending);
+        // "created topic" (info) follows only when the topic was really missing.
         if self.preparer.create_topics {
-            tracing::info!(%topic, "creating topic");
+            tracing::debug!(%topic, "creating the topic unless it exists");
         } else {
             tracing::debug!(%topic, "checking that the topic exists");
         }
@@ -436,6 +475,7 @@ impl Sink for KafkaSink {
         let in_flight = Box::new(InFlight {
             tag: Some(tag),
             event: self.keep_events.then(|| Box::new(event.clone())),
+            partition: event.partition,
         });
         let mut record = BaseRecord::with_opaque_to(&event.topic, in_flight)
             .headers(headers)
@@ -471,6 +511,13 @@ impl Sink for KafkaSink {
         }
         if let Some(reason) = self.fenced() {
             return Err(SendError::Sink(SinkError::KafkaStop(reason)));
+        }
+        if let Some(reason) = self.placement.refusal(code, &event.topic, event.partition) {
+            return Err(SendError::Refused {
+                reason,
+                too_large: false,
+                event,
+            });
         }
         match action(code) {
             ErrorAction::Retry => {

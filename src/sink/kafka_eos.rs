@@ -464,6 +464,7 @@ impl KafkaSink {
             Box::new(InFlight {
                 tag: None,
                 event: None,
+                partition: None,
             }),
         )
         .key(commit.checkpoint_key.as_bytes())

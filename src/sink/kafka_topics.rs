@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 
 use crate::sink::kafka_errors::{action, stop_hint, ErrorAction};
+use crate::sink::kafka_log::AdminContext;
+use crate::sink::kafka_placement::PartitionCounts;
 use crate::sink::SinkError;
 
 /// How long an admin request (create topic, metadata) may take. It runs as a task off
@@ -21,10 +22,13 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// What a topic task needs: the admin client and the `[kafka]` topic settings.
 #[derive(Clone)]
 pub(super) struct TopicPreparer {
-    pub(super) admin: Arc<AdminClient<DefaultClientContext>>,
+    pub(super) admin: Arc<AdminClient<AdminContext>>,
     pub(super) create_topics: bool,
     pub(super) partitions: i32,
     pub(super) replication_factor: i32,
+    /// Where each prepared topic's partition count goes (for the message of a partition
+    /// placement the topic cannot take).
+    pub(super) partition_counts: PartitionCounts,
 }
 
 impl TopicPreparer {
@@ -67,30 +71,45 @@ impl TopicPreparer {
                     tracing::info!(%topic, "created topic");
                 }
             }
+            // Best effort: only the message of a partition placement beyond the topic
+            // needs the count.
+            if let Ok(Some((None, partitions))) = self.metadata(topic).await {
+                self.partition_counts.record(topic, partitions);
+            }
             Ok(())
         } else {
-            let admin = Arc::clone(&self.admin);
-            let topic_owned = topic.to_owned();
-            let metadata = tokio::task::spawn_blocking(move || {
-                admin
-                    .inner()
-                    .fetch_metadata(Some(&topic_owned), ADMIN_TIMEOUT)
-            })
-            .await
-            .map_err(|e| SinkError::TopicUnavailable {
-                topic: topic.to_owned(),
-                reason: format!("the metadata request did not finish: {e}"),
-            })?
-            .map_err(|e| SinkError::TopicUnavailable {
-                topic: topic.to_owned(),
-                reason: format!("cannot read its metadata: {e}"),
-            })?;
-            let found = metadata.topics().iter().find(|t| t.name() == topic);
-            existence_outcome(
-                topic,
-                found.map(|t| (t.error().map(RDKafkaErrorCode::from), t.partitions().len())),
-            )
+            let found = self.metadata(topic).await?;
+            if let Some((None, partitions)) = found {
+                self.partition_counts.record(topic, partitions);
+            }
+            existence_outcome(topic, found)
         }
+    }
+
+    /// `topic`'s error and partition count in the brokers' metadata, `None` when it is
+    /// not listed.
+    async fn metadata(
+        &self,
+        topic: &str,
+    ) -> Result<Option<(Option<RDKafkaErrorCode>, usize)>, SinkError> {
+        let admin = Arc::clone(&self.admin);
+        let topic_owned = topic.to_owned();
+        let metadata = tokio::task::spawn_blocking(move || {
+            admin
+                .inner()
+                .fetch_metadata(Some(&topic_owned), ADMIN_TIMEOUT)
+        })
+        .await
+        .map_err(|e| SinkError::TopicUnavailable {
+            topic: topic.to_owned(),
+            reason: format!("the metadata request did not finish: {e}"),
+        })?
+        .map_err(|e| SinkError::TopicUnavailable {
+            topic: topic.to_owned(),
+            reason: format!("cannot read its metadata: {e}"),
+        })?;
+        let found = metadata.topics().iter().find(|t| t.name() == topic);
+        Ok(found.map(|t| (t.error().map(RDKafkaErrorCode::from), t.partitions().len())))
     }
 }
 

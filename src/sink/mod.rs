@@ -10,6 +10,8 @@ pub mod kafka;
 pub mod kafka_config;
 pub mod kafka_eos;
 pub mod kafka_errors;
+pub mod kafka_log;
+pub mod kafka_placement;
 pub mod kafka_probe;
 pub mod kafka_topics;
 pub mod stdout;
@@ -64,6 +66,9 @@ pub struct SinkOptions {
     /// (a backfill) always builds a plain idempotent producer, which cannot fence the
     /// running relay.
     pub slot: Option<String>,
+    /// The column of the `partition` placement, if any: named when a record asks for a
+    /// partition its topic does not have.
+    pub partition_column: Option<String>,
 }
 
 /// Builds a sink for each pipeline attempt.
@@ -110,6 +115,7 @@ impl SinkSpec {
                 options.keep_events,
                 options.metrics,
                 options.slot.as_deref(),
+                options.partition_column,
             )?),
             SinkSpec::Custom(make) => make(notices, options)?,
         })
