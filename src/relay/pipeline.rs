@@ -417,21 +417,17 @@ impl Pipeline {
     fn record_position(&mut self) {
         let now = Instant::now();
         match self.recorder.step(self.last_reported, now) {
-            RecordStep::Write(lsn) => {
-                if self.watch.record(lsn) {
-                    self.recorder.written(lsn, now);
-                } else {
-                    // A write is still queued: try again a gap later.
-                    let at = tokio::time::Instant::from_std(now + crate::relay::record::RECORD_GAP);
-                    self.record_due = Some(self.record_due.map_or(at, |due| due.min(at)));
-                }
-            }
-            RecordStep::At(at) => {
-                let at = tokio::time::Instant::from_std(at);
-                self.record_due = Some(self.record_due.map_or(at, |due| due.min(at)));
-            }
+            RecordStep::Write(lsn) if self.watch.record(lsn) => self.recorder.written(lsn, now),
+            // A write is still queued: try again a gap later.
+            RecordStep::Write(_) => self.record_owed_at(now + crate::relay::record::RECORD_GAP),
+            RecordStep::At(at) => self.record_owed_at(at),
             RecordStep::Nothing => {}
         }
+    }
+
+    fn record_owed_at(&mut self, at: Instant) {
+        let at = tokio::time::Instant::from_std(at);
+        self.record_due = Some(self.record_due.map_or(at, |due| due.min(at)));
     }
 
     /// Count one routed event and queue it for its topic. An event routed to the
@@ -629,9 +625,9 @@ impl Pipeline {
                         .delivery_latency
                         .observe(waited_ms as f64 / 1000.0);
                 }
+                // The ages follow in the status update this delivery brings (within
+                // PROMPT_ACK_GAP), not per delivery report.
                 self.tracker.delivered(tag.ticket)?;
-                // The oldest may have been delivered: the next one's wait is the age.
-                self.update_ages();
             }
             SinkNotice::Failed { tag, failure } => self.refused(
                 tag,
@@ -776,9 +772,7 @@ impl Pipeline {
         // awaited, so a rewind of the slot after this stop sends none of it again.
         if self.recorder.owes(self.last_reported) {
             let lsn = self.last_reported;
-            if self.watch.record_and_wait(lsn, CLOSE_WAIT).await {
-                self.recorder.written(lsn, Instant::now());
-            } else {
+            if !self.watch.record_and_wait(lsn, CLOSE_WAIT).await {
                 tracing::warn!(acknowledged = %lsn, "the last acknowledged position could not be recorded at shutdown: if PostgreSQL rewinds the slot, events acknowledged in the last second are sent again");
             }
         }
