@@ -8,12 +8,11 @@ use outbox_relay_harness as support;
 
 use std::time::Duration;
 
-use outbox_relay::metrics::RESTARTS_TOTAL;
 use serde_json::Value;
 use support::kafka::{consume, KafkaBroker, Record};
 use support::outbox::{
-    cluster_with_app_db, cluster_with_outbox, kafka_config, metric, plain, start_streaming,
-    stdout_config, with_metrics, SLOT, WAIT,
+    cluster_with_app_db, cluster_with_outbox, kafka_config, plain, start_streaming, stdout_config,
+    SLOT, WAIT,
 };
 use support::{wait_until, PgCluster, PgOptions, RelayProcess};
 
@@ -484,69 +483,8 @@ fn an_event_routed_to_the_dead_letter_topics_own_name_is_dead_lettered_with_the_
     assert_acknowledged_through_now(&pg);
 }
 
-/// A partition placement beyond the topic's partitions (`_UNKNOWN_PARTITION`) is not
-/// the event's fault for good: partitions can be added. The relay retries (rebuilding
-/// the producer, resending from the acknowledged position) instead of dead-lettering
-/// it, acknowledges nothing past it meanwhile, and delivers it once the partition
-/// exists. (Before: dead-lettered at once.)
-#[test]
-fn a_partition_the_topic_does_not_have_yet_is_waited_for_not_dead_lettered() {
-    let broker = KafkaBroker::shared();
-    let pg = cluster_with_outbox(PgOptions::default());
-    pg.client_db("app")
-        .batch_execute("ALTER TABLE outbox ADD COLUMN part int NOT NULL DEFAULT 0")
-        .unwrap();
-    let (config, port) = with_metrics(&kafka_config(
-        &pg,
-        &broker.bootstrap(),
-        "additional = [\"part:partition\"]",
-        Some(DEAD_LETTER),
-        &[],
-    ));
-    let relay = start_streaming(&config);
-    let first = insert(&pg, "parted", "'{\"n\": 1}'");
-    assert_good_events_around(&broker, "outbox.event.parted", &[&first]);
-    let before = pg.current_wal_lsn();
-    wait_until("the first event is acknowledged", WAIT, || {
-        pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= before
-    });
-    let beyond: String = pg
-        .client_db("app")
-        .query_one(
-            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, part) \
-             VALUES ('parted', 'a', 'T', '{\"n\": 2}', 3) RETURNING id::text",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    let after = pg.current_wal_lsn();
-    // Retried (the pipeline restarted), at least twice, without acknowledging the event
-    // or dead-lettering it. The first event went through without a restart.
-    let retried = || metric(port, RESTARTS_TOTAL).is_some_and(|restarts| restarts >= 2);
-    wait_until(
-        "the relay retries the unknown partition (or dead-letters it)",
-        WAIT,
-        || retried() || !support::read_all(&broker.bootstrap(), &[DEAD_LETTER]).is_empty(),
-    );
-    let confirmed = pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0);
-    assert!(
-        confirmed >= before && confirmed < after,
-        "nothing past the waiting event is acknowledged ({confirmed:X} not in {before:X}..{after:X})"
-    );
-    let dead = support::read_all(&broker.bootstrap(), &[DEAD_LETTER]);
-    assert!(dead.is_empty(), "not dead-lettered: {dead:?}");
-    assert!(retried(), "retried");
-    assert_running(&relay);
-    support::kafka::add_partitions(&broker.bootstrap(), "outbox.event.parted", 4);
-    let records = consume(&broker.bootstrap(), &["outbox.event.parted"], 2, WAIT);
-    let delivered = records
-        .iter()
-        .find(|r| r.header("id").as_ref() == Some(&beyond))
-        .unwrap_or_else(|| panic!("the event arrives once partition 3 exists: {records:?}"));
-    assert_eq!(delivered.partition, 3);
-    assert_running(&relay);
-    assert_acknowledged_through_now(&pg);
-}
+// A partition placement beyond the topic's partitions is one record's problem (dead
+// letter, or a stop naming the fix): tests/kafka_placement.rs.
 
 // ---------------------------------------------------------------------------------
 // NULL id
