@@ -134,8 +134,8 @@ fn slot_and_outbox(pg: &PgCluster) -> (String, String, i64) {
 /// A relay waiting for a busy slot changes nothing: not its record in the state table
 /// (no UPDATE, no lock), not the slot, not the outbox. The streaming relay is frozen
 /// (SIGSTOP) meanwhile, so every change would be the waiting one's; the waiting one
-/// reports every 5 s, so it would take over only after 15 s of silence, and its
-/// attempts are counted at its proxy (one connection each).
+/// would take over only after 10 minutes of silence, and its attempts are counted at
+/// its proxy (one connection each).
 #[test]
 fn a_waiting_standby_writes_nothing() {
     const ATTEMPTS: usize = 10;
@@ -158,10 +158,12 @@ fn a_waiting_standby_writes_nothing() {
     let slot_before = slot_and_outbox(&pg);
 
     let proxy = FaultProxy::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap());
-    let standby = RelayProcess::start(
-        &config_through(&pg, &proxy, "")
-            .replace("status_interval_ms = 200\n", "status_interval_ms = 5000\n"),
-    );
+    // Takeover far off: this test is about the waiting itself.
+    let standby = RelayProcess::start(&config_through(
+        &pg,
+        &proxy,
+        "takeover_silence_ms = 600000\n",
+    ));
     standby.wait_for_stderr(WAITING, WAIT);
     support::wait_until("the standby's attempts at the busy slot", WAIT, || {
         proxy.accepted_count() >= ATTEMPTS
@@ -342,48 +344,211 @@ fn twenty_takeovers_from_a_relay_whose_link_is_blackholed() {
     ));
 }
 
-/// With the default settings (status interval 10 s, so 30 s of silence): one takeover,
-/// no sooner than 30 s after the last status update the silent relay sent (at most
-/// one interval before its link went dark) and no later than 30 s after the blackhole
-/// plus [`TAKEOVER_MARGIN`]. PostgreSQL's own `wal_sender_timeout` (60 s) would free
-/// the slot only later.
-#[test]
-fn a_silent_relay_is_taken_over_after_three_default_status_intervals() {
-    const SILENCE: Duration = Duration::from_secs(30);
-    const STATUS_INTERVAL: Duration = Duration::from_secs(10);
-    let pg = cluster_with_outbox(PgOptions::default());
-    let upstream = format!("127.0.0.1:{}", pg.port()).parse().unwrap();
-    let proxies = [FaultProxy::start(upstream), FaultProxy::start(upstream)];
-    let defaults = |proxy| config_through(&pg, proxy, "").replace("status_interval_ms = 200\n", "");
-    let active = support::outbox::start_streaming(&defaults(&proxies[0]));
-    let standby = RelayProcess::start(&defaults(&proxies[1]));
-    standby.wait_for_stderr(WAITING, WAIT);
-    let before = insert(&pg, 0, 2);
-    wait_printed(&active, &before, "the active relay printed the events");
-    let walsender = slot_active_pid(&pg).expect("the active relay streams");
+/// The standby's bound on one takeover from a frozen relay with the default settings:
+/// generous (the silence is 4 s, a takeover takes 3–5 s; the times are printed and
+/// docs/reliability.md shows them), and short of the 30 s it took while the silence
+/// was three 10 s status intervals.
+const DEFAULT_TAKEOVER_WAIT: Duration = Duration::from_secs(15);
+/// Rows of the huge transaction on a table outside the publication: enough that its
+/// walsender replays it (sending nothing, reading no reply) for well past the silence.
+const HUGE_ROWS: u64 = 6_000_000;
 
-    proxies[0].blackhole(true);
-    let dark = Instant::now();
-    let after = insert(&pg, 2, 2);
-    let took = support::wait_for("the standby to take the slot", WAIT, || {
-        slot_active_pid(&pg)
-            .filter(|pid| *pid != walsender)
-            .map(|_| dark.elapsed())
+/// Samples the age of the last reply of walsender `pid` (`clock_timestamp() -
+/// reply_time`) every 50 ms until `stop`; returns the largest age seen.
+fn watch_reply_age(
+    pg: &PgCluster,
+    pid: i32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Duration> {
+    let mut client = pg.client_db("app");
+    std::thread::spawn(move || {
+        let mut largest = Duration::ZERO;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let age: Option<i64> = match client.query_opt(
+                "SELECT (1000 * extract(epoch FROM clock_timestamp() - reply_time))::bigint \
+                   FROM pg_stat_replication WHERE pid = $1",
+                &[&pid],
+            ) {
+                Ok(row) => row.and_then(|row| row.get(0)),
+                // The cluster is going away (the test failed).
+                Err(_) => break,
+            };
+            if let Some(ms) = age.and_then(|ms| u64::try_from(ms).ok()) {
+                largest = largest.max(Duration::from_millis(ms));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        largest
+    })
+}
+
+/// Two relays with the default settings (no `takeover_silence_ms`, no status interval:
+/// a heartbeat every second, 4 s of silence). Twenty times the streaming one is frozen
+/// (SIGSTOP: its process stops, its connection stays open): each time the standby ends
+/// its walsender and streams, within [`DEFAULT_TAKEOVER_WAIT`]; the frozen one, once it
+/// runs again, waits as the standby. Then, both healthy: idle for twice the silence
+/// (the heartbeat goes on, the standby ends nothing), and one huge transaction of
+/// [`HUGE_ROWS`] rows on a table the publication leaves out, with an event at its end:
+/// its walsender reads no reply for longer than the silence while it replays it, and
+/// the standby still ends nothing. Every event reaches a relay, each relay's output is
+/// in commit order, and each relay ended the other's walsender exactly ten times.
+/// Prints the takeover times.
+#[test]
+fn twenty_frozen_relays_are_taken_over_with_the_defaults_and_a_huge_transaction_is_not() {
+    const FREEZES: u32 = 20;
+    const SILENCE: Duration = Duration::from_secs(4);
+    let pg = cluster_with_outbox(PgOptions::default());
+    let defaults = stdout_config(&pg).replace("status_interval_ms = 200\n", "");
+    let first = support::outbox::start_streaming(&defaults);
+    let second = RelayProcess::start(&defaults);
+    second.wait_for_stderr(WAITING, WAIT);
+    let relays = [first, second];
+    let mut inserted = Vec::new();
+    let mut times = Vec::new();
+    let mut active = 0;
+    for round in 0..FREEZES {
+        let standby = 1 - active;
+        let waits_before = relays[active].stderr().matches(WAITING).count();
+        let base = round * 10;
+        let before = insert(&pg, base, 2);
+        wait_printed(
+            &relays[active],
+            &before,
+            "the active relay printed the events",
+        );
+        inserted.extend(before);
+        let walsender = slot_active_pid(&pg).expect("the active relay streams");
+
+        relays[active].pause();
+        let frozen = Instant::now();
+        let mut after = insert(&pg, base + 2, 2);
+        let took = support::wait_for(
+            &format!("round {round}: the standby to take the slot from the frozen relay"),
+            DEFAULT_TAKEOVER_WAIT,
+            || {
+                slot_active_pid(&pg)
+                    .filter(|pid| *pid != walsender)
+                    .map(|_| frozen.elapsed())
+            },
+        );
+        times.push(took);
+        after.extend(insert(&pg, base + 4, 2));
+        wait_printed(
+            &relays[standby],
+            &after,
+            "the new active relay printed the events",
+        );
+        relays[active].resume();
+        support::wait_until("the old active relay waits as the standby", WAIT, || {
+            relays[active].stderr().matches(WAITING).count() > waits_before
+        });
+        assert!(
+            relays[active].exit_status().is_none(),
+            "the old relay exited"
+        );
+        inserted.extend(after);
+        active = standby;
+    }
+
+    // Both healthy.
+    let standby = 1 - active;
+    let takeovers_before = relays[standby].stderr().matches(TAKING_OVER).count();
+    let walsender = slot_active_pid(&pg).expect("the active relay streams");
+    // Idle, twice as long as the silence: the heartbeat goes on (each status update
+    // the walsender reads changes its reply_time), and the standby ends nothing.
+    let mut client = pg.client_db("app");
+    let mut replies = HashSet::new();
+    support::wait_until("eight heartbeats from the idle active relay", WAIT, || {
+        let reply: Option<String> = client
+            .query_opt(
+                "SELECT reply_time::text FROM pg_stat_replication WHERE pid = $1",
+                &[&walsender],
+            )
+            .expect("sampling the walsender")
+            .and_then(|row| row.get(0));
+        replies.extend(reply);
+        replies.len() >= 8
+            || relays[standby].stderr().matches(TAKING_OVER).count() > takeovers_before
     });
-    wait_printed(&standby, &after, "the new active relay printed the events");
-    assert!(
-        took >= SILENCE - STATUS_INTERVAL && took <= SILENCE + TAKEOVER_MARGIN,
-        "took over {took:?} after the blackhole; standby stderr:\n{}",
-        support::wait::tail_lines(&standby.stderr(), 20)
+    assert_eq!(
+        (
+            slot_active_pid(&pg),
+            relays[standby].stderr().matches(TAKING_OVER).count()
+        ),
+        (Some(walsender), takeovers_before),
+        "the standby ended the walsender of the idle healthy relay; standby stderr:\n{}",
+        support::wait::tail_lines(&relays[standby].stderr(), 20)
+    );
+
+    // The huge transaction.
+    client
+        .batch_execute("CREATE TABLE bulk (id bigint, pad text)")
+        .expect("creating the table outside the publication");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = watch_reply_age(&pg, walsender, stop.clone());
+    let huge_event = format!("00000000-0000-0000-0000-{:012}", FREEZES * 10);
+    let mut txn = client.transaction().expect("BEGIN");
+    txn.execute(
+        "INSERT INTO bulk SELECT g, repeat('x', 10) FROM generate_series(1, $1::bigint) g",
+        &[&i64::try_from(HUGE_ROWS).unwrap()],
+    )
+    .expect("the huge transaction's rows");
+    txn.execute(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+         VALUES ($1::text::uuid, 'takeover', 'a', 'T', '{}')",
+        &[&huge_event],
+    )
+    .expect("the huge transaction's event");
+    txn.commit().expect("COMMIT");
+    // Or the standby took the slot (the assertion below says so).
+    support::wait_until(
+        "the active relay printed the huge transaction's event",
+        WAIT,
+        || {
+            event_ids(&relays[active].lines()).contains(&huge_event)
+                || relays[standby].stderr().matches(TAKING_OVER).count() > takeovers_before
+        },
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let stalest = sampler.join().expect("the sampler");
+    assert_eq!(
+        (
+            slot_active_pid(&pg),
+            relays[standby].stderr().matches(TAKING_OVER).count()
+        ),
+        (Some(walsender), takeovers_before),
+        "the standby ended the walsender of the healthy relay replaying the huge transaction; standby stderr:\n{}",
+        support::wait::tail_lines(&relays[standby].stderr(), 20)
     );
     assert!(
-        standby.stderr().contains(TAKING_OVER),
-        "{}",
-        standby.stderr()
+        stalest >= SILENCE + Duration::from_secs(1),
+        "the huge transaction's walsender read a reply at most {stalest:?} apart: the test did not show a healthy walsender silent past the {SILENCE:?} silence (make HUGE_ROWS larger)"
     );
+    inserted.push(huge_event);
+    let last = insert(&pg, FREEZES * 10 + 1, 2);
+    wait_printed(
+        &relays[active],
+        &last,
+        "the active relay printed the events",
+    );
+    inserted.extend(last);
+
+    assert_all_delivered_in_order(&[&relays[0], &relays[1]], &inserted);
+    for relay in &relays {
+        assert_eq!(
+            relay.stderr().matches(TAKING_OVER).count(),
+            usize::try_from(FREEZES / 2).unwrap(),
+            "{}",
+            relay.stderr()
+        );
+    }
+    times.sort();
+    let ms: Vec<u128> = times.iter().map(Duration::as_millis).collect();
     support::outbox::report(&format!(
-        "takeover from a black-holed relay with the default settings (30 s of silence): {} ms after the blackhole",
-        took.as_millis()
+        "takeover from a frozen relay with the default settings (SIGSTOP to the standby's walsender on the slot), {FREEZES} times (ms, sorted): {ms:?}; median {} ms, max {} ms; a healthy walsender replaying {HUGE_ROWS} unpublished rows read no reply for {} ms and was not ended",
+        ms[ms.len() / 2],
+        ms[ms.len() - 1],
+        stalest.as_millis()
     ));
 }
 

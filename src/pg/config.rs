@@ -17,9 +17,22 @@ pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
 /// Upper bound of the status update interval; the actual interval is also kept under a
 /// third of the server's `wal_sender_timeout`.
 pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 10_000;
-/// `takeover_silence_ms` may not be shorter than this many status intervals: a standby
-/// would end a healthy relay's walsender between two of its status updates.
-pub const MIN_TAKEOVER_SILENCE_INTERVALS: u64 = 2;
+/// A streaming relay sends a status update at least this often, whatever its status
+/// interval (its heartbeat): a standby takes a longer silence for a frozen host
+/// (`crate::relay::takeover`). A status update that moves nothing writes nothing.
+pub const HEARTBEAT_MS: u64 = 1_000;
+/// `takeover_silence_ms` may not be shorter than this many heartbeats: a standby would
+/// end a healthy relay's walsender between two of its status updates.
+pub const MIN_TAKEOVER_SILENCE_HEARTBEATS: u64 = 2;
+/// `takeover_silence_ms` unset: this many heartbeats (4 s), so a hiccup of a few
+/// missed heartbeats (a TCP retransmission, a descheduled process) is no takeover.
+pub const DEFAULT_TAKEOVER_SILENCE_HEARTBEATS: u64 = 4;
+
+/// The heartbeat of a relay whose status interval is `status_interval_ms`: the shorter
+/// of the two.
+pub fn heartbeat_ms(status_interval_ms: u64) -> u64 {
+    status_interval_ms.min(HEARTBEAT_MS)
+}
 /// PostgreSQL's limit on identifiers (NAMEDATALEN - 1), slot names included.
 const MAX_SLOT_NAME_BYTES: usize = 63;
 
@@ -49,9 +62,10 @@ pub struct PostgresConfig {
     #[serde(default)]
     pub receive_timeout_ms: Option<u64>,
     /// A standby waiting for the slot ends the streaming relay's walsender once that
-    /// relay has sent no status update for this long (its host vanished without closing
-    /// the connection); unset = three status intervals, 0 = never (PostgreSQL ends it
-    /// after `wal_sender_timeout`).
+    /// relay has sent no status update for this long (its host vanished or froze
+    /// without closing the connection); unset = four heartbeats (4 s; a streaming relay
+    /// sends one at least every second), 0 = never (PostgreSQL ends it after
+    /// `wal_sender_timeout`).
     #[serde(default)]
     pub takeover_silence_ms: Option<u64>,
     /// The table where the relay records its slot (that it streamed from it, and the
@@ -145,13 +159,11 @@ impl PostgresConfig {
             problems.push("postgres.receive_timeout_ms: must be greater than 0".into());
         }
         if let Some(silence) = self.takeover_silence_ms.filter(|ms| *ms > 0) {
-            let least = self
-                .status_interval_ms
-                .saturating_mul(MIN_TAKEOVER_SILENCE_INTERVALS);
+            let beat = heartbeat_ms(self.status_interval_ms);
+            let least = beat.saturating_mul(MIN_TAKEOVER_SILENCE_HEARTBEATS);
             if silence < least {
                 problems.push(format!(
-                    "postgres.takeover_silence_ms: must be 0 (off) or at least {MIN_TAKEOVER_SILENCE_INTERVALS} status intervals ({least} ms with status_interval_ms = {}): a healthy relay reports once per status interval",
-                    self.status_interval_ms
+                    "postgres.takeover_silence_ms: must be 0 (off) or at least {MIN_TAKEOVER_SILENCE_HEARTBEATS} heartbeats ({least} ms): a streaming relay sends a status update every {beat} ms (every second, or every status interval when status_interval_ms is shorter)"
                 ));
             }
         }
@@ -223,7 +235,7 @@ mod tests {
     }
 
     #[test]
-    fn a_takeover_silence_shorter_than_two_status_intervals_is_refused() {
+    fn a_takeover_silence_shorter_than_two_heartbeats_is_refused() {
         let table = QualifiedName::parse("public.outbox").unwrap();
         let checked = |extra: &str| {
             let config: PostgresConfig =
@@ -232,13 +244,16 @@ mod tests {
         };
         assert!(checked("").is_ok());
         assert!(checked("takeover_silence_ms = 0").is_ok());
-        assert!(checked("takeover_silence_ms = 20000").is_ok());
-        let problems = checked("takeover_silence_ms = 19999").unwrap_err();
+        assert!(checked("takeover_silence_ms = 2000").is_ok());
+        let problems = checked("takeover_silence_ms = 1999").unwrap_err();
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(
-            problems[0].starts_with("postgres.takeover_silence_ms: must be 0 (off) or at least 2 status intervals (20000 ms"),
+            problems[0].starts_with("postgres.takeover_silence_ms: must be 0 (off) or at least 2 heartbeats (2000 ms): a streaming relay sends a status update every 1000 ms"),
             "{problems:?}"
         );
         assert!(checked("status_interval_ms = 200\ntakeover_silence_ms = 400").is_ok());
+        assert!(checked("status_interval_ms = 200\ntakeover_silence_ms = 399").is_err());
+        // A long status interval does not lengthen the heartbeat.
+        assert!(checked("status_interval_ms = 30000\ntakeover_silence_ms = 2000").is_ok());
     }
 }

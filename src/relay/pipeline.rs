@@ -40,6 +40,7 @@ use crate::relay::lag::CommitTimes;
 use crate::relay::liveness::{Liveness, TickInput};
 use crate::relay::record::{RecordStep, Recorder, Resume};
 use crate::relay::router::OutboxEvent;
+use crate::relay::takeover::heartbeat;
 use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
 use crate::relay::watch::{OutboxWatch, WatchReport};
 use crate::relay::RelayError;
@@ -147,6 +148,11 @@ impl Pipeline {
     ) -> Result<(), RelayError> {
         let mut timer = tokio::time::interval(interval);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The heartbeat a standby watches (crate::relay::takeover): a status update at
+        // least every `beat`, whatever else the loop is doing; its first tick is now.
+        let beat = heartbeat(interval);
+        let mut heartbeat = tokio::time::interval(beat);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let reading = self.waiting.is_empty() && self.tracker.has_room(self.limits);
             tokio::select! {
@@ -154,6 +160,13 @@ impl Pipeline {
                 () = stopped(stop) => {
                     tracing::info!("{}", super::log::SHUTDOWN_REQUESTED);
                     return Ok(());
+                }
+                _ = heartbeat.tick() => {
+                    // Skipped when an update went out within the last half beat (prompt
+                    // acknowledgements under load): the gap stays under 1.5 beats.
+                    if self.last_status_at.elapsed() >= beat / 2 {
+                        self.send_status(false).await?;
+                    }
                 }
                 Some(notice) = self.notices.recv() => {
                     self.on_notice(notice)?;
@@ -733,12 +746,26 @@ impl Pipeline {
 
     /// Graceful end: flush the sink, wait (bounded) for in-flight deliveries, and send
     /// a final status update with what is delivered.
-    pub(super) async fn drain(&mut self, timeout: Duration) -> Result<(), RelayError> {
+    /// The heartbeat goes on meanwhile (every `beat`), so a standby does not take the
+    /// slot from a relay that is only waiting for its last deliveries.
+    pub(super) async fn drain(
+        &mut self,
+        timeout: Duration,
+        beat: Duration,
+    ) -> Result<(), RelayError> {
         self.sink.flush()?;
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
         while self.tracker.in_flight() > 0 {
             self.pump()?;
-            match tokio::time::timeout_at(deadline, self.notices.recv()).await {
+            let next = tokio::select! {
+                next = tokio::time::timeout_at(deadline, self.notices.recv()) => next,
+                _ = heartbeat.tick() => {
+                    self.send_status(false).await?;
+                    continue;
+                }
+            };
+            match next {
                 Ok(Some(notice)) => self.on_notice(notice)?,
                 Ok(None) => break,
                 Err(_) => {
@@ -789,7 +816,7 @@ async fn sleep_until_due(due: Option<tokio::time::Instant>) {
 }
 
 /// Now, in PostgreSQL's timestamp form.
-fn now_pg() -> PgTimestamp {
+pub(super) fn now_pg() -> PgTimestamp {
     let micros = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, watch};
 use crate::metrics::{AgeWriter, Metrics};
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
 use crate::pg::diagnose::{self, SetupError};
+use crate::pg::replication::StandbyStatusUpdate;
 use crate::pg::slot::{self, PreparedSource};
 use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
@@ -21,11 +22,11 @@ use crate::relay::backoff::Backoff;
 use crate::relay::lag::CommitTimes;
 use crate::relay::liveness::{receive_timeout, status_interval, Liveness, LivenessLimits};
 use crate::relay::pipeline::{
-    stopped, Pipeline, Progress, BACKOFF_RESET_AFTER, CLOSE_WAIT, HEALTHY_TICKS,
+    now_pg, stopped, Pipeline, Progress, BACKOFF_RESET_AFTER, CLOSE_WAIT, HEALTHY_TICKS,
 };
 use crate::relay::record::{Recorder, Resume};
 use crate::relay::settings::Settings;
-use crate::relay::takeover::{self, SilenceWatch};
+use crate::relay::takeover::{self, heartbeat, SilenceWatch};
 use crate::relay::txn::TxnAssembler;
 use crate::relay::watch::{OutboxWatch, WatchTarget};
 use crate::relay::RelayError;
@@ -299,20 +300,29 @@ async fn run_attempt(
         slot: spec.slot.to_string(),
         system_id: prepared.system_id.clone(),
     };
-    let Some(committed) = unless_stopped(&mut stop, sink.begin_session(&session)).await else {
+    let interval = status_interval(
+        Duration::from_millis(postgres.status_interval_ms),
+        prepared.wal_sender_timeout,
+    );
+    let began = with_heartbeat(
+        &mut conn,
+        prepared.slot_lsn,
+        heartbeat(interval),
+        sink.begin_session(&session),
+    );
+    let Some(committed) = unless_stopped(&mut stop, began).await else {
         return Ok(());
     };
-    let committed = committed?;
+    let committed = match committed {
+        Ok(committed) => committed?,
+        Err(error) => return Err(explain(error).await.into()),
+    };
     let (committed, resume) = match committed {
         // Exactly-once: the checkpoint is never behind the record (crate::relay::record).
         Some(checkpoint) => (Some(checkpoint), None),
         None => resume_from_record(&prepared, &spec.slot),
     };
 
-    let interval = status_interval(
-        Duration::from_millis(postgres.status_interval_ms),
-        prepared.wal_sender_timeout,
-    );
     let receive_timeout = receive_timeout(
         postgres.receive_timeout_ms.map(Duration::from_millis),
         prepared.wal_sender_timeout,
@@ -390,7 +400,9 @@ async fn run_attempt(
         Err(RelayError::Pg(error)) => return Err(explain(error).await.into()),
         Err(other) => return Err(other),
     }
-    pipeline.drain(settings.shutdown_timeout()).await?;
+    pipeline
+        .drain(settings.shutdown_timeout(), heartbeat(interval))
+        .await?;
     tracing::info!(
         events = pipeline.progress.events,
         dead_lettered = pipeline.progress.dead_lettered,
@@ -399,6 +411,35 @@ async fn run_attempt(
     );
     pipeline.conn.close(CLOSE_WAIT).await;
     Ok(())
+}
+
+/// Awaits `work` (the sink's session start: an exactly-once producer's fencing and
+/// checkpoint read can take seconds) while the heartbeat goes on from the slot's own
+/// position (which moves nothing), so a standby does not take the slot from a relay
+/// that is only starting (crate::relay::takeover).
+async fn with_heartbeat<T>(
+    conn: &mut PgConnection,
+    at: Lsn,
+    beat: Duration,
+    work: impl Future<Output = T>,
+) -> Result<T, PgError> {
+    tokio::pin!(work);
+    let mut ticks = tokio::time::interval(beat);
+    loop {
+        tokio::select! {
+            done = &mut work => return Ok(done),
+            _ = ticks.tick() => {
+                let update = StandbyStatusUpdate {
+                    write: at,
+                    flush: at,
+                    apply: at,
+                    client_time: now_pg(),
+                    reply_requested: false,
+                };
+                conn.send_status(&update).await?;
+            }
+        }
+    }
 }
 
 /// The skip of what the state table's record shows delivered past the slot's position

@@ -1,15 +1,25 @@
 //! Taking the slot over from a relay that went silent: its host vanished (powered off,
-//! partitioned away) without closing its connection, so PostgreSQL keeps its walsender,
-//! and with it the slot, until `wal_sender_timeout` (60 s by default).
+//! partitioned away) or froze (a stopped VM, SIGSTOP) without closing its connection,
+//! so PostgreSQL keeps its walsender, and with it the slot, until `wal_sender_timeout`
+//! (60 s by default).
+//!
+//! The liveness signal is the streaming relay's **heartbeat**: it sends a standby
+//! status update at least every second ([`crate::pg::config::HEARTBEAT_MS`], or every
+//! status interval when that is shorter) from its main loop, while reading, while
+//! paused by backpressure, while waiting for a sink session and while draining at
+//! shutdown. A status update goes over the replication connection only: it writes
+//! nothing to the database (one moving nothing changes nothing; one moving the flush
+//! position changes the slot in memory, saved at the next checkpoint as always). The
+//! walsender records each update's send time as `reply_time` in `pg_stat_replication`.
 //!
 //! A standby relay looks at the slot's walsender on each attempt at the busy slot (every
-//! 100–200 ms). A streaming relay sends a status update at least every status interval,
-//! and the walsender records the update's send time as `reply_time` in
-//! `pg_stat_replication`. When the same walsender's `reply_time` has not changed for the
-//! configured silence (`[postgres] takeover_silence_ms`, three status intervals by
-//! default), the standby ends it with `pg_terminate_backend`; its next attempt takes the
-//! slot from its acknowledged position. The old relay, when its link returns, finds the
-//! slot taken and waits in turn.
+//! 100–200 ms). When the same walsender's `reply_time` has not changed for the
+//! configured silence (`[postgres] takeover_silence_ms`; four heartbeats, 4 s, by
+//! default) while it waits on its client, the standby ends it with
+//! `pg_terminate_backend`; its next attempt takes the slot from its acknowledged
+//! position. The old relay, when it runs again, finds its connection ended and the slot
+//! taken, and waits in turn. What it had read but not yet written when it froze it may
+//! still write once (a duplicate, never a loss: it acknowledged none of it).
 //!
 //! ```text
 //! attempt ─▶ slot active for pid P ─▶ sample P (reply_time, reply age, wait event)
@@ -21,43 +31,66 @@
 //! ```
 //!
 //! Why it does not end a healthy walsender:
+//! - **A healthy relay cannot be silent for four heartbeats** while the walsender
+//!   reads: the heartbeat comes from the loop's own timer, not from what PostgreSQL
+//!   sends, so neither a slow link nor a paused sink nor a large transaction delays
+//!   it; four missed in a row is a process that does not run, or a link that carries
+//!   nothing for seconds (ending that walsender is then right: the relay reconnects).
 //! - **Silence is measured on the standby's own clock**, as the time the same
 //!   `reply_time` value has been seen unchanged, so clock skew between the hosts cannot
 //!   make a fresh reply look old. The server's age of the reply (`clock_timestamp() -
 //!   reply_time`, `backend_start` before the first reply) must be past the silence too:
 //!   a relay whose clock runs ahead is never taken over early, only late.
 //! - **The walsender must be waiting on its client** (a `WalSender…` wait event). While
-//!   it decodes a large transaction it reads replies only every `wal_sender_timeout / 2`,
-//!   so a healthy relay's `reply_time` can stand still for that long; it is then busy
-//!   (no wait event, or I/O), not waiting, and is left alone. Waiting, it reads every
-//!   reply as it comes.
+//!   it replays a large transaction (above all one of tables the publication leaves
+//!   out, of which it sends nothing) it reads replies only every
+//!   `wal_sender_timeout / 2`, so a healthy relay's `reply_time` stands still for that
+//!   long; it is then busy (no wait event, or I/O), not waiting, and is left alone.
+//!   Every one of its waits also watches the socket for replies and it reads them as
+//!   soon as it wakes, so a walsender seen waiting with the same old `reply_time` in
+//!   the look and again in the ending statement got nothing from its relay in between.
+//!   And it must be seen waiting at two looks in a row (100–200 ms apart) with the
+//!   same `reply_time`, then again by the ending statement: a walsender that has just
+//!   finished a long replay and not yet read the updates queued meanwhile is caught
+//!   waiting for a few microseconds at most, never twice.
 //! - **The last look and the termination are one statement**: a walsender that replied,
 //!   or was replaced, in between is not touched.
 //! - A relay that cannot see the walsender's details (no `pg_read_all_stats`) or may not
 //!   end it (another role's walsender without `pg_signal_backend`, or a superuser's)
 //!   waits as before and says once what to grant.
+//! - An older relay (before the heartbeat) streaming during a rolling upgrade reports
+//!   only every status interval: a new standby may take the slot from it after 4 s of
+//!   silence. Nothing is lost; it waits as the standby from then on.
 
 use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
+use crate::pg::config::{DEFAULT_TAKEOVER_SILENCE_HEARTBEATS, HEARTBEAT_MS};
 use crate::pg::conn::{PgConnection, PgError, QueryResult};
 use crate::pg::sql::quote_literal;
 
-/// The default silence, in status intervals: a relay sends an update every interval,
-/// so three missed ones are no scheduling hiccup.
-pub const DEFAULT_SILENCE_INTERVALS: u32 = 3;
-/// SQLSTATE `insufficient_privilege`.
-const INSUFFICIENT_PRIVILEGE: &str = "42501";
-
 /// The silence after which a standby ends the streaming relay's walsender: the
 /// configured value (`0` turns takeover off: wait for `wal_sender_timeout`), else
-/// [`DEFAULT_SILENCE_INTERVALS`] status intervals.
+/// [`DEFAULT_TAKEOVER_SILENCE_HEARTBEATS`] heartbeats of a relay with `status_interval`.
 pub fn silence_limit(configured_ms: Option<u64>, status_interval: Duration) -> Option<Duration> {
     match configured_ms {
         Some(0) => None,
         Some(ms) => Some(Duration::from_millis(ms)),
-        None => Some(status_interval.saturating_mul(DEFAULT_SILENCE_INTERVALS)),
+        None => {
+            let beat = heartbeat(status_interval);
+            Some(beat.saturating_mul(
+                u32::try_from(DEFAULT_TAKEOVER_SILENCE_HEARTBEATS).unwrap_or(u32::MAX),
+            ))
+        }
     }
+}
+
+/// SQLSTATE `insufficient_privilege`.
+const INSUFFICIENT_PRIVILEGE: &str = "42501";
+
+/// How often a streaming relay with `status_interval` sends a status update at least.
+pub fn heartbeat(status_interval: Duration) -> Duration {
+    status_interval.min(Duration::from_millis(HEARTBEAT_MS))
 }
 
 /// One look at the walsender holding the slot.
@@ -103,6 +136,8 @@ struct Watched {
     pid: i32,
     reply_time: Option<String>,
     since: Instant,
+    /// It was waiting on its client at the last look.
+    waiting: bool,
 }
 
 /// What a standby remembers between its attempts at the busy slot. Pure: the clock is
@@ -122,26 +157,27 @@ impl SilenceWatch {
             self.watched = None;
             return Verdict::Hidden;
         }
-        let since = match &self.watched {
+        let (since, waited_before) = match &self.watched {
             Some(watched)
                 if watched.pid == sample.pid && watched.reply_time == sample.reply_time =>
             {
-                watched.since
+                (watched.since, watched.waiting)
             }
-            _ => {
-                self.watched = Some(Watched {
-                    pid: sample.pid,
-                    reply_time: sample.reply_time.clone(),
-                    since: now,
-                });
-                now
-            }
+            _ => (now, false),
         };
+        self.watched = Some(Watched {
+            pid: sample.pid,
+            reply_time: sample.reply_time.clone(),
+            since,
+            waiting: sample.waiting_on_client,
+        });
         let silent_for = now.saturating_duration_since(since);
+        // Waiting at two looks in a row with the same reply: not a walsender that has
+        // just finished a long replay and is about to read what its relay sent.
         if should_terminate(
             silent_for,
             sample.reply_age,
-            sample.waiting_on_client,
+            waited_before && sample.waiting_on_client,
             limit,
         ) {
             Verdict::Terminate { silent_for }
@@ -300,9 +336,13 @@ mod tests {
     }
 
     #[test]
-    fn the_silence_limit_defaults_to_three_intervals_and_zero_turns_it_off() {
+    fn the_silence_limit_defaults_to_four_heartbeats_and_zero_turns_it_off() {
         let interval = Duration::from_secs(10);
-        assert_eq!(silence_limit(None, interval), Some(Duration::from_secs(30)));
+        assert_eq!(heartbeat(interval), Duration::from_secs(1));
+        assert_eq!(silence_limit(None, interval), Some(Duration::from_secs(4)));
+        let short = Duration::from_millis(200);
+        assert_eq!(heartbeat(short), short);
+        assert_eq!(silence_limit(None, short), Some(Duration::from_millis(800)));
         assert_eq!(
             silence_limit(Some(600), interval),
             Some(Duration::from_millis(600))
@@ -351,6 +391,30 @@ mod tests {
             watch.observe(&other, at(1900), LIMIT),
             Verdict::Terminate { .. }
         ));
+    }
+
+    #[test]
+    fn a_walsender_is_ended_only_when_seen_waiting_at_two_looks_in_a_row() {
+        let mut watch = SilenceWatch::default();
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let busy = Sample {
+            waiting_on_client: false,
+            ..sample(5, Some("12:00:00.1"), 60_000)
+        };
+        let waiting = sample(5, Some("12:00:00.1"), 60_000);
+        // Replaying a large transaction past the limit: left alone.
+        assert_eq!(watch.observe(&busy, at(0), LIMIT), Verdict::Wait);
+        assert_eq!(watch.observe(&busy, at(5000), LIMIT), Verdict::Wait);
+        // Done and waiting, not yet having read its relay's updates: not at this look.
+        assert_eq!(watch.observe(&waiting, at(5100), LIMIT), Verdict::Wait);
+        // Still waiting with the same reply at the next look: silent.
+        assert_eq!(
+            watch.observe(&waiting, at(5200), LIMIT),
+            Verdict::Terminate {
+                silent_for: Duration::from_millis(5200)
+            }
+        );
     }
 
     #[test]
