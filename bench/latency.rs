@@ -6,7 +6,9 @@
 //!   (rate × elapsed − written) as one             three topics at their high watermark
 //!   transaction of seqs [s, s+n); note the         (only records written from now on);
 //!   instant COMMIT returned, per batch             per record: parse `seq` from the JSON
-//!                                                 value, note the instant it was polled
+//!   (Shape::Batches), or each of them in a        value, note the instant it was polled
+//!   transaction of its own, noting each COMMIT
+//!   (Shape::OnePerTransaction)
 //!        │                                                      ▲
 //!        └──▶ PostgreSQL ──▶ contender (relay, Debezium, polling) ──▶ Kafka
 //!
@@ -39,8 +41,20 @@ use crate::setup::{topic, AGGREGATE_TYPES, PARTITIONS};
 
 /// The writer's tick: one transaction (one batch of records) per tick.
 const TICK: Duration = Duration::from_millis(10);
+/// The one-event-per-transaction writer's tick: the commits due, one after the other,
+/// every millisecond (5 at 5,000 transactions/s), not bunched every 10 ms.
+const SINGLE_TICK: Duration = Duration::from_millis(1);
 /// How long a run waits after its last write for the records still under way.
 pub const DRAIN: Duration = Duration::from_secs(30);
+
+/// How the writer groups the events due at a tick into transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// One transaction per tick holding every event due (`rate / 100` events).
+    Batches,
+    /// One transaction per event: `rate` commits per second.
+    OnePerTransaction,
+}
 
 /// Where the writer puts the events.
 pub enum Source<'a> {
@@ -56,6 +70,8 @@ pub struct LatencyRun {
     /// `producer`, `relay`, `debezium`, `polling-100ms`, `polling-1s`.
     pub contender: String,
     pub name: String,
+    /// The writer: one transaction per event, not per 10 ms tick.
+    pub one_per_transaction: bool,
     /// Events per second the writer was asked for ...
     pub rate: u32,
     /// ... and what it wrote, over `seconds`.
@@ -78,6 +94,7 @@ pub fn measure(
     name: &str,
     bootstrap: &str,
     source: &Source<'_>,
+    shape: Shape,
     rate: u32,
     seconds: u64,
     pad: u32,
@@ -85,7 +102,7 @@ pub fn measure(
 ) -> Result<LatencyRun, String> {
     let consumer = Arrivals::start(bootstrap, seq_base)?;
     let mut writer = Writer::new(source, bootstrap, pad)?;
-    let commits = writer.write(rate, Duration::from_secs(seconds), seq_base)?;
+    let commits = writer.write(shape, rate, Duration::from_secs(seconds), seq_base)?;
     let written: u64 = commits.iter().map(|batch| batch.count).sum();
     let wrote_for = commits
         .last()
@@ -106,10 +123,19 @@ pub fn measure(
             }
         }
     }
+    if let Some(dir) = std::env::var_os("BENCH_LATENCY_TRACE") {
+        trace(
+            std::path::Path::new(&dir),
+            &format!("{contender}-{rate}-{shape:?}.csv"),
+            &commits,
+            &arrivals,
+        );
+    }
     latencies.sort_by(f64::total_cmp);
     Ok(LatencyRun {
         contender: contender.to_owned(),
         name: name.to_owned(),
+        one_per_transaction: shape == Shape::OnePerTransaction,
         rate,
         written_per_second: if wrote_for > 0.0 {
             written as f64 / wrote_for
@@ -123,6 +149,45 @@ pub fn measure(
         p99_ms: percentile(&latencies, 99.0),
         max_ms: latencies.last().copied(),
     })
+}
+
+/// With `BENCH_LATENCY_TRACE=<dir>`: one line per event, `seq,committed_ms,latency_ms`
+/// (milliseconds since the run's first commit; latency empty when it never arrived), to
+/// see when the late records came (docs/benchmarks.md, "Latency traces").
+fn trace(
+    dir: &std::path::Path,
+    name: &str,
+    commits: &[Committed],
+    arrivals: &HashMap<u64, Instant>,
+) {
+    use std::fmt::Write as _;
+    let Some(start) = commits.first().map(|batch| batch.committed) else {
+        return;
+    };
+    let mut out = String::from("seq,committed_ms,latency_ms\n");
+    for batch in commits {
+        let at = batch
+            .committed
+            .saturating_duration_since(start)
+            .as_secs_f64()
+            * 1e3;
+        for seq in batch.first..batch.first + batch.count {
+            let latency = arrivals.get(&seq).map_or_else(String::new, |polled| {
+                format!(
+                    "{:.3}",
+                    polled
+                        .saturating_duration_since(batch.committed)
+                        .as_secs_f64()
+                        * 1e3
+                )
+            });
+            let _ = writeln!(out, "{seq},{at:.3},{latency}");
+        }
+    }
+    let path = dir.join(name);
+    if let Err(err) = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, out)) {
+        eprintln!("bench: writing {}: {err}", path.display());
+    }
 }
 
 /// A batch the writer committed: seqs `[first, first + count)`.
@@ -176,11 +241,23 @@ impl Writer {
                 for (key, value) in PRODUCER_DEFAULTS {
                     config.set(*key, *value);
                 }
-                let producer = config
+                let producer: ThreadedProducer<DefaultProducerContext> = config
                     .set("bootstrap.servers", bootstrap)
                     .set("client.id", "bench-latency-producer")
                     .create()
                     .map_err(|err| format!("creating the plain producer: {err}"))?;
+                // Connected, with its producer id and every partition's leader, before
+                // the clock starts, as a relay that streams already is: one record
+                // without a `seq` (the consumer skips it) per topic, flushed.
+                for kind in AGGREGATE_TYPES {
+                    let topic = topic(kind);
+                    producer
+                        .send(BaseRecord::<str, str>::to(&topic).payload("{\"warm_up\": true}"))
+                        .map_err(|(err, _)| format!("warming up the plain producer: {err}"))?;
+                }
+                producer
+                    .flush(Duration::from_secs(30))
+                    .map_err(|err| format!("warming up the plain producer: {err}"))?;
                 Sink::Producer(producer)
             }
         };
@@ -191,9 +268,11 @@ impl Writer {
         })
     }
 
-    /// Writes at `rate` for `duration`: at every tick, what is due by now as one batch.
+    /// Writes at `rate` for `duration`: at every tick, what is due by now, as one batch
+    /// or one transaction per event (`shape`).
     fn write(
         &mut self,
+        shape: Shape,
         rate: u32,
         duration: Duration,
         seq_base: u64,
@@ -209,19 +288,37 @@ impl Writer {
             if due > written {
                 let first = seq_base + written + 1;
                 let count = due - written;
-                self.batch(first, count)?;
-                commits.push(Committed {
-                    first,
-                    count,
-                    committed: Instant::now(),
-                });
+                match shape {
+                    Shape::Batches => {
+                        self.batch(first, count)?;
+                        commits.push(Committed {
+                            first,
+                            count,
+                            committed: Instant::now(),
+                        });
+                    }
+                    Shape::OnePerTransaction => {
+                        for seq in first..first + count {
+                            self.batch(seq, 1)?;
+                            commits.push(Committed {
+                                first: seq,
+                                count: 1,
+                                committed: Instant::now(),
+                            });
+                        }
+                    }
+                }
                 written = due;
             }
             if elapsed >= duration {
                 break;
             }
             tick += 1;
-            let next = started + TICK * tick;
+            let next = started
+                + match shape {
+                    Shape::Batches => TICK,
+                    Shape::OnePerTransaction => SINGLE_TICK,
+                } * tick;
             if let Some(wait) = next.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }

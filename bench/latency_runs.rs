@@ -18,7 +18,7 @@ use std::time::Duration;
 use outbox_relay_harness::wait::poll_until;
 
 use crate::contenders::{log_tail, Bench, KillOnDrop};
-use crate::latency::{self, LatencyRun, Source};
+use crate::latency::{self, LatencyRun, Shape, Source};
 use crate::polling::{self, PollingTarget};
 use crate::setup::{self, DATABASE};
 
@@ -43,6 +43,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct LatencyPlan<'a> {
     pub contenders: &'a [String],
     pub rates: &'a [u32],
+    /// Rates of the one-event-per-transaction writer, after `rates`.
+    pub single_rates: &'a [u32],
     pub seconds: u64,
     pub pad: u32,
 }
@@ -130,6 +132,7 @@ impl Bench<'_> {
                 &name,
                 &bootstrap,
                 &source,
+                Shape::Batches,
                 WARM_UP_RATE,
                 WARM_UP_SECONDS,
                 plan.pad,
@@ -142,12 +145,18 @@ impl Bench<'_> {
                     warm_up.written, warm_up.received
                 ));
             }
-            for &rate in plan.rates {
+            let shapes = plan.rates.iter().map(|&rate| (Shape::Batches, rate)).chain(
+                plan.single_rates
+                    .iter()
+                    .map(|&rate| (Shape::OnePerTransaction, rate)),
+            );
+            for (shape, rate) in shapes {
                 let run = latency::measure(
                     contender,
                     &name,
                     &bootstrap,
                     &source,
+                    shape,
                     rate,
                     plan.seconds,
                     plan.pad,
@@ -155,7 +164,12 @@ impl Bench<'_> {
                 )?;
                 seq_base += 1_000_000_000;
                 crate::log(&format!(
-                    "(f) {contender} at {rate}/s: wrote {} ({:.0}/s), received {}, p50 {} p99 {} max {}",
+                    "(f) {contender} at {rate}/s{}: wrote {} ({:.0}/s), received {}, p50 {} p99 {} max {}",
+                    if shape == Shape::OnePerTransaction {
+                        " one event per transaction"
+                    } else {
+                        ""
+                    },
                     run.written,
                     run.written_per_second,
                     run.received,

@@ -109,6 +109,10 @@ struct Options {
     /// Writer rates of the latency runs, events/s [default: 1000,5000,20000; smoke 200].
     #[arg(long, value_delimiter = ',')]
     latency_rates: Option<Vec<u32>>,
+    /// Rates of the latency runs whose writer commits one event per transaction,
+    /// transactions/s [default: 5000; smoke 200; 0 = none].
+    #[arg(long, value_delimiter = ',')]
+    latency_single_rates: Option<Vec<u32>>,
     /// Seconds each latency run writes [default: 30; smoke 2].
     #[arg(long)]
     latency_seconds: Option<u64>,
@@ -248,6 +252,13 @@ fn run(options: &Options) -> Result<(), String> {
             vec![1_000, 5_000, 20_000]
         }
     });
+    let latency_single_rates: Vec<u32> = options
+        .latency_single_rates
+        .clone()
+        .unwrap_or_else(|| if smoke { vec![200] } else { vec![5_000] })
+        .into_iter()
+        .filter(|&rate| rate > 0)
+        .collect();
     let latency_seconds = options
         .latency_seconds
         .unwrap_or(if smoke { 2 } else { 30 });
@@ -532,6 +543,7 @@ fn run(options: &Options) -> Result<(), String> {
             .latency(&LatencyPlan {
                 contenders: &latency_contenders,
                 rates: &latency_rates,
+                single_rates: &latency_single_rates,
                 seconds: latency_seconds,
                 pad: options.payload_pad,
             })
@@ -539,9 +551,10 @@ fn run(options: &Options) -> Result<(), String> {
         for run in &latency {
             if run.received < run.written {
                 notes.push(format!(
-                    "latency {} at {}/s: {} of {} events had not arrived {} s after the writer stopped",
+                    "latency {} at {}/s{}: {} of {} events had not arrived {} s after the writer stopped",
                     run.contender,
                     run.rate,
+                    if run.one_per_transaction { " (one event per transaction)" } else { "" },
                     run.written - run.received,
                     run.written,
                     latency::DRAIN.as_secs()
