@@ -238,23 +238,25 @@ fn main() -> ExitCode {
                 Ok(settings) => settings,
                 Err(e) => return fail(&e),
             };
-            // One thread for the pipeline and everything around it (the outbox watch,
-            // the metrics endpoint, topic preparation; librdkafka has threads of its
-            // own, blocking calls go to tokio's blocking pool): the thread that waits
-            // for the replication socket runs the loop itself, with no hand-over
-            // between threads per message. At 5,000 one-event transactions a second
-            // this cut the relay's p99 commit → consumer latency by a third on two
-            // cores (docs/benchmarks.md, "Latency, one event per transaction").
-            let runtime = match tokio::runtime::Builder::new_current_thread()
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
                 .enable_all()
                 .build()
             {
                 Ok(runtime) => runtime,
                 Err(e) => return fail(&e),
             };
-            match runtime.block_on(outbox_relay::relay::run(settings, shutdown_signal())) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(&e),
+            // The relay runs on a worker, not on this thread: the worker that waits for
+            // the replication socket then runs the loop itself, with no hand-over to
+            // another thread per message (on `block_on` here it was one per message).
+            // A current-thread runtime cut that further but cost 13–21 % of the bulk
+            // throughput: docs/benchmarks.md, "Latency, one event per transaction".
+            let relay = runtime.spawn(outbox_relay::relay::run(settings, shutdown_signal()));
+            match runtime.block_on(relay) {
+                Ok(Ok(())) => ExitCode::SUCCESS,
+                Ok(Err(e)) => fail(&e),
+                Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+                Err(join) => fail(&join),
             }
         }
         Command::Slot {
