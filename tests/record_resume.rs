@@ -78,3 +78,41 @@ fn a_graceful_stop_records_the_last_acknowledged_position() {
         relay.stderr_tail()
     );
 }
+
+/// A session that skips the recorded range and ends before any transaction past it (here:
+/// nothing is written after the crash, then the relay is stopped) still logs the range
+/// it skipped: the line otherwise comes at the first transaction past the range.
+#[test]
+fn a_session_ending_inside_the_recorded_range_logs_what_it_skipped() {
+    let mut pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&stdout_config(&pg));
+    let before = insert_events(&pg, "before", 20);
+    let after_inserts = pg.current_wal_lsn();
+    assert_eq!(event_ids(&relay.wait_for_lines(20, WAIT)), before);
+    let record = wait_for("the record covers the 20 events", WAIT, || {
+        recorded_lsn(&pg).filter(|&lsn| lsn >= after_inserts)
+    });
+    pg.stop_immediate();
+    pg.start_again();
+    let rewound = pg.slot_confirmed_flush_lsn(SLOT).expect("the slot");
+    assert!(rewound < record, "the slot rewound behind the record");
+    // The new session skips the 20 and acknowledges past them.
+    wait_for("the slot acknowledged past the record", WAIT, || {
+        pg.slot_confirmed_flush_lsn(SLOT)
+            .filter(|&lsn| lsn >= record)
+    });
+    relay.sigterm();
+    relay.wait_exit(WAIT);
+    let stderr = plain(&relay.stderr());
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("skipped the transactions between"))
+        .unwrap_or_else(|| panic!("the skipped range is logged:\n{stderr}"));
+    assert!(
+        line.contains(&format!("through={}", support::u64_to_lsn(record)))
+            && line.contains("events=20")
+            && line.contains("ended_inside_the_range=true"),
+        "the range skipped, with its 20 events, said to end inside it: {line}"
+    );
+    assert_eq!(relay.lines().len(), 20, "nothing of the 20 again");
+}

@@ -415,14 +415,18 @@ impl Pipeline {
             resume.transactions += 1;
             return;
         }
-        tracing::info!(
-            from = %resume.from,
-            through = %resume.through,
-            transactions = resume.transactions,
-            events = resume.events,
-            "skipped the transactions between the slot's position and the relay's record: delivered before the slot rewound"
-        );
+        log_resume(resume, false);
         self.resume = None;
+    }
+
+    /// The session ends (cut, stopped) before any transaction past the recorded range:
+    /// log what it skipped so far, which the first transaction past it would have.
+    pub(super) fn log_unfinished_resume(&mut self) {
+        if let Some(resume) = self.resume.take() {
+            if resume.transactions > 0 || resume.events > 0 {
+                log_resume(&resume, true);
+            }
+        }
     }
 
     /// Writes the acknowledged position into the state table when events were
@@ -813,6 +817,19 @@ async fn sleep_until_due(due: Option<tokio::time::Instant>) {
         Some(due) => tokio::time::sleep_until(due).await,
         None => std::future::pending().await,
     }
+}
+
+/// The range a session skipped because the state table's record showed it delivered;
+/// `ended_inside`: the session ended before passing the recorded position.
+fn log_resume(resume: &Resume, ended_inside: bool) {
+    tracing::info!(
+        from = %resume.from,
+        through = %resume.through,
+        transactions = resume.transactions,
+        events = resume.events,
+        ended_inside_the_range = ended_inside,
+        "skipped the transactions between the slot's position and the relay's record: delivered before the slot rewound"
+    );
 }
 
 /// Now, in PostgreSQL's timestamp form.

@@ -395,7 +395,9 @@ async fn run_attempt(
         undelivered_age: AgeWriter::new(&metrics.oldest_undelivered),
         lag_age: AgeWriter::new(&metrics.oldest_unacknowledged_commit),
     };
-    match pipeline.stream(interval, &mut stop).await {
+    let streamed = pipeline.stream(interval, &mut stop).await;
+    pipeline.log_unfinished_resume();
+    match streamed {
         Ok(()) => {}
         Err(RelayError::Pg(error)) => return Err(explain(error).await.into()),
         Err(other) => return Err(other),
