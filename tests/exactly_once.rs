@@ -101,6 +101,23 @@ fn read_events_committed(bootstrap: &str) -> Vec<Record> {
     read_committed(bootstrap, &refs)
 }
 
+/// What a read_committed consumer sees once at least `expected` records are visible, or
+/// when [`WAIT`] has passed. Kafka answers a commit once its coordinator has logged it;
+/// the markers that make the records visible to read_committed consumers are written
+/// after that. Once, under the full suite, a read right after the acknowledgement that
+/// followed a broker restart saw 417 of 12,000 records (and every one once when run
+/// again). Duplicates and strays are still judged on what is read.
+fn read_events_committed_at_least(bootstrap: &str, expected: usize) -> Vec<Record> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let records = read_events_committed(bootstrap);
+        if records.len() >= expected || Instant::now() >= deadline {
+            return records;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 fn wait_acknowledged(pg: &PgCluster, relay: &RelayProcess, what: &str) {
     let end = pg.current_wal_lsn();
     support::wait_until(what, Duration::from_secs(180), || {
@@ -244,7 +261,7 @@ fn broker_restart_mid_transaction_loses_and_duplicates_nothing() {
         metric(port, outbox_relay::metrics::RESTARTS_TOTAL).unwrap_or(0)
     ));
     let expected = ids.lock().unwrap().clone();
-    let records = read_events_committed(&broker.bootstrap());
+    let records = read_events_committed_at_least(&broker.bootstrap(), expected.len());
     assert_exactly_once(&records, &expected, "broker restart mid-transaction");
     drop(relay);
 }
