@@ -234,17 +234,9 @@ fn main() -> ExitCode {
             }
         }
         Command::Run { config } => {
-            let settings = match Config::load(&config) {
-                Ok(settings) => settings,
-                Err(e) => return fail(&e),
-            };
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(e) => return fail(&e),
+            let (settings, runtime) = match load_with_runtime(&config) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
             };
             // The relay runs on a worker, not on this thread: the worker that waits for
             // the replication socket then runs the loop itself, with no hand-over to
