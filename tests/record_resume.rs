@@ -8,30 +8,11 @@ use support::outbox::{
     cluster_with_outbox, event_ids, insert_events, plain, recorded_lsn, start_streaming,
     stdout_config, SLOT, WAIT,
 };
-use support::{wait_for, PgOptions};
+use support::{wait_for, PgCluster, PgOptions, RelayProcess};
 
 #[test]
 fn a_crash_restart_of_postgresql_sends_nothing_again_that_the_record_covers() {
-    let mut pg = cluster_with_outbox(PgOptions::default());
-    let config = stdout_config(&pg);
-    let relay = start_streaming(&config);
-    let created_at = pg.slot_confirmed_flush_lsn(SLOT).expect("the slot");
-    let before = insert_events(&pg, "before", 20);
-    let after_inserts = pg.current_wal_lsn();
-    assert_eq!(event_ids(&relay.wait_for_lines(20, WAIT)), before);
-    let record = wait_for("the record covers the 20 events", WAIT, || {
-        recorded_lsn(&pg).filter(|&lsn| lsn >= after_inserts)
-    });
-
-    // A crash: the slot's position on disk is the one of its creation (no checkpoint
-    // since), the record is in the WAL and survives.
-    pg.stop_immediate();
-    pg.start_again();
-    let rewound = pg.slot_confirmed_flush_lsn(SLOT).expect("the slot");
-    assert!(
-        rewound < record,
-        "the slot rewound behind the record (at {rewound:X}, record {record:X}, created at {created_at:X})"
-    );
+    let (pg, relay, record) = crash_after_twenty_recorded_events();
 
     let sentinel = insert_events(&pg, "sentinel", 1);
     let lines = relay.wait_for_lines(21, WAIT);
@@ -84,18 +65,7 @@ fn a_graceful_stop_records_the_last_acknowledged_position() {
 /// it skipped: the line otherwise comes at the first transaction past the range.
 #[test]
 fn a_session_ending_inside_the_recorded_range_logs_what_it_skipped() {
-    let mut pg = cluster_with_outbox(PgOptions::default());
-    let relay = start_streaming(&stdout_config(&pg));
-    let before = insert_events(&pg, "before", 20);
-    let after_inserts = pg.current_wal_lsn();
-    assert_eq!(event_ids(&relay.wait_for_lines(20, WAIT)), before);
-    let record = wait_for("the record covers the 20 events", WAIT, || {
-        recorded_lsn(&pg).filter(|&lsn| lsn >= after_inserts)
-    });
-    pg.stop_immediate();
-    pg.start_again();
-    let rewound = pg.slot_confirmed_flush_lsn(SLOT).expect("the slot");
-    assert!(rewound < record, "the slot rewound behind the record");
+    let (pg, relay, record) = crash_after_twenty_recorded_events();
     // The new session skips the 20 and acknowledges past them.
     wait_for("the slot acknowledged past the record", WAIT, || {
         pg.slot_confirmed_flush_lsn(SLOT)
@@ -115,4 +85,28 @@ fn a_session_ending_inside_the_recorded_range_logs_what_it_skipped() {
         "the range skipped, with its 20 events, said to end inside it: {line}"
     );
     assert_eq!(relay.lines().len(), 20, "nothing of the 20 again");
+}
+
+/// A relay streams 20 events and records them; then PostgreSQL crashes (immediate stop)
+/// and starts again. The slot's position on disk is the one of its creation (no
+/// checkpoint since), so it rewinds behind the record, which is in the WAL and survives.
+/// Returns the cluster, the relay (still running) and the recorded position.
+fn crash_after_twenty_recorded_events() -> (PgCluster, RelayProcess, u64) {
+    let mut pg = cluster_with_outbox(PgOptions::default());
+    let relay = start_streaming(&stdout_config(&pg));
+    let created_at = pg.slot_confirmed_flush_lsn(SLOT).expect("the slot");
+    let before = insert_events(&pg, "before", 20);
+    let after_inserts = pg.current_wal_lsn();
+    assert_eq!(event_ids(&relay.wait_for_lines(20, WAIT)), before);
+    let record = wait_for("the record covers the 20 events", WAIT, || {
+        recorded_lsn(&pg).filter(|&lsn| lsn >= after_inserts)
+    });
+    pg.stop_immediate();
+    pg.start_again();
+    let rewound = pg.slot_confirmed_flush_lsn(SLOT).expect("the slot");
+    assert!(
+        rewound < record,
+        "the slot rewound behind the record (at {rewound:X}, record {record:X}, created at {created_at:X})"
+    );
+    (pg, relay, record)
 }

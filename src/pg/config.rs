@@ -26,7 +26,7 @@ pub const HEARTBEAT_MS: u64 = 1_000;
 pub const MIN_TAKEOVER_SILENCE_HEARTBEATS: u64 = 2;
 /// `takeover_silence_ms` unset: this many heartbeats (4 s), so a hiccup of a few
 /// missed heartbeats (a TCP retransmission, a descheduled process) is no takeover.
-pub const DEFAULT_TAKEOVER_SILENCE_HEARTBEATS: u64 = 4;
+pub const DEFAULT_TAKEOVER_SILENCE_HEARTBEATS: u32 = 4;
 
 /// The heartbeat of a relay whose status interval is `status_interval_ms`: the shorter
 /// of the two.

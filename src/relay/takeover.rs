@@ -76,12 +76,7 @@ pub fn silence_limit(configured_ms: Option<u64>, status_interval: Duration) -> O
     match configured_ms {
         Some(0) => None,
         Some(ms) => Some(Duration::from_millis(ms)),
-        None => {
-            let beat = heartbeat(status_interval);
-            Some(beat.saturating_mul(
-                u32::try_from(DEFAULT_TAKEOVER_SILENCE_HEARTBEATS).unwrap_or(u32::MAX),
-            ))
-        }
+        None => Some(heartbeat(status_interval) * DEFAULT_TAKEOVER_SILENCE_HEARTBEATS),
     }
 }
 
