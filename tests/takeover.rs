@@ -66,6 +66,48 @@ fn config_through(pg: &PgCluster, proxy: &FaultProxy, extra: &str) -> String {
     )
 }
 
+/// One takeover round (events numbered from `round * 10`): two events reach the active
+/// relay `relays[active]`, `cut_off` silences it, two more are written, the standby
+/// takes the slot within `within`, two more are written, and the standby prints the
+/// four. Returns the events before and after the cut and how long after it the
+/// standby's walsender held the slot.
+fn takeover_round(
+    pg: &PgCluster,
+    relays: &[RelayProcess; 2],
+    active: usize,
+    round: u32,
+    within: Duration,
+    cut_off: impl FnOnce(),
+) -> (Vec<String>, Vec<String>, Duration) {
+    let base = round * 10;
+    let before = insert(pg, base, 2);
+    wait_printed(
+        &relays[active],
+        &before,
+        "the active relay printed the events",
+    );
+    let walsender = slot_active_pid(pg).expect("the active relay streams");
+    cut_off();
+    let cut = Instant::now();
+    let mut after = insert(pg, base + 2, 2);
+    let took = support::wait_for(
+        &format!("round {round}: the standby to take the slot"),
+        within,
+        || {
+            slot_active_pid(pg)
+                .filter(|pid| *pid != walsender)
+                .map(|_| cut.elapsed())
+        },
+    );
+    after.extend(insert(pg, base + 4, 2));
+    wait_printed(
+        &relays[1 - active],
+        &after,
+        "the new active relay printed the events",
+    );
+    (before, after, took)
+}
+
 /// Every printed id, nothing lost, and each relay's output in commit order: the first
 /// time a relay prints an id, it is later than every id it printed before (a relay
 /// taking over may print again what the other one printed, never skip back past what
@@ -272,31 +314,11 @@ fn twenty_takeovers_from_a_relay_whose_link_is_blackholed() {
     for round in 0..TAKEOVERS {
         let standby = 1 - active;
         let waits_before = relays[active].stderr().matches(WAITING).count();
-        let base = round * 10;
-        let before = insert(&pg, base, 2);
-        wait_printed(
-            &relays[active],
-            &before,
-            "the active relay printed the events",
-        );
-        inserted.extend(before);
-        let walsender = slot_active_pid(&pg).expect("the active relay streams");
-
-        proxies[active].blackhole(true);
-        let dark = Instant::now();
-        let mut after = insert(&pg, base + 2, 2);
-        let took = support::wait_for("the standby to take the slot", WAIT, || {
-            slot_active_pid(&pg)
-                .filter(|pid| *pid != walsender)
-                .map(|_| dark.elapsed())
+        let (before, after, took) = takeover_round(&pg, &relays, active, round, WAIT, || {
+            proxies[active].blackhole(true)
         });
+        inserted.extend(before);
         times.push(took);
-        after.extend(insert(&pg, base + 4, 2));
-        wait_printed(
-            &relays[standby],
-            &after,
-            "the new active relay printed the events",
-        );
         assert!(
             took <= TEST_SILENCE + TAKEOVER_MARGIN,
             "round {round}: took over {took:?} after the blackhole; standby stderr:\n{}",
@@ -409,35 +431,12 @@ fn twenty_frozen_relays_are_taken_over_with_the_defaults_and_a_huge_transaction_
     for round in 0..FREEZES {
         let standby = 1 - active;
         let waits_before = relays[active].stderr().matches(WAITING).count();
-        let base = round * 10;
-        let before = insert(&pg, base, 2);
-        wait_printed(
-            &relays[active],
-            &before,
-            "the active relay printed the events",
-        );
+        let (before, after, took) =
+            takeover_round(&pg, &relays, active, round, DEFAULT_TAKEOVER_WAIT, || {
+                relays[active].pause()
+            });
         inserted.extend(before);
-        let walsender = slot_active_pid(&pg).expect("the active relay streams");
-
-        relays[active].pause();
-        let frozen = Instant::now();
-        let mut after = insert(&pg, base + 2, 2);
-        let took = support::wait_for(
-            &format!("round {round}: the standby to take the slot from the frozen relay"),
-            DEFAULT_TAKEOVER_WAIT,
-            || {
-                slot_active_pid(&pg)
-                    .filter(|pid| *pid != walsender)
-                    .map(|_| frozen.elapsed())
-            },
-        );
         times.push(took);
-        after.extend(insert(&pg, base + 4, 2));
-        wait_printed(
-            &relays[standby],
-            &after,
-            "the new active relay printed the events",
-        );
         relays[active].resume();
         support::wait_until("the old active relay waits as the standby", WAIT, || {
             relays[active].stderr().matches(WAITING).count() > waits_before
