@@ -80,9 +80,16 @@ fn a_session_ending_inside_the_recorded_range_logs_what_it_skipped() {
         .unwrap_or_else(|| panic!("the skipped range is logged:\n{stderr}"));
     assert!(
         line.contains(&format!("through={}", support::u64_to_lsn(record)))
-            && line.contains("events=20")
-            && line.contains("ended_inside_the_range=true"),
-        "the range skipped, with its 20 events, said to end inside it: {line}"
+            && line.contains("events=20"),
+        "the range skipped, with its 20 events: {line}"
+    );
+    // Before PostgreSQL 15 the stream carries empty transactions too, and the record's
+    // own UPDATE commits just past the position it records: that session always sees a
+    // transaction past the range, and says so.
+    let ends_inside = pg.server_version_num() >= 150000;
+    assert!(
+        line.contains(&format!("ended_inside_the_range={ends_inside}")),
+        "the range skipped said to end inside it ({ends_inside} on this server): {line}"
     );
     assert_eq!(relay.lines().len(), 20, "nothing of the 20 again");
 }
