@@ -290,7 +290,7 @@ impl Metrics {
             (
                 SKIPPED_RECORDED_TOTAL,
                 "counter",
-                "Replayed events skipped because the relay's record in its state table shows them delivered (the slot rewound, e.g. after a PostgreSQL restart).",
+                "Replayed events skipped because the relay's record in its state table, or its memory of its previous session, shows them delivered (the slot rewound, e.g. after a PostgreSQL restart).",
                 get(&self.skipped_recorded),
             ),
             (

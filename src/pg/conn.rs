@@ -587,34 +587,43 @@ impl PgConnection {
     /// stays in the buffer.
     pub async fn next_copy_event(&mut self) -> Result<CopyEvent, PgError> {
         loop {
-            if let Some(message) = self.try_parse_message()? {
-                match message {
-                    Message::CopyData(body) => {
-                        return Ok(CopyEvent::Frame(ReplicationFrame::parse(
-                            body.into_bytes(),
-                        )?))
-                    }
-                    // A walsender that ends streaming (server shutdown) may send
-                    // CommandComplete right away.
-                    Message::CopyDone | Message::CommandComplete(_) => {
-                        self.in_copy_both = false;
-                        return Ok(CopyEvent::Done);
-                    }
-                    Message::NoticeResponse(body) => {
-                        return Ok(CopyEvent::Notice(DbError::from_fields(body.fields())))
-                    }
-                    Message::ParameterStatus(_) => continue,
-                    Message::ErrorResponse(body) => return Err(server_error(body.fields())),
-                    other => {
-                        return Err(PgError::Protocol(format!(
-                            "unexpected {} message in the replication stream",
-                            message_name(&other)
-                        )))
-                    }
-                }
+            if let Some(event) = self.buffered_copy_event()? {
+                return Ok(event);
             }
             self.fill().await?;
         }
+    }
+
+    /// The next event of the CopyBoth stream if it is already received whole, without
+    /// reading from the socket.
+    pub fn buffered_copy_event(&mut self) -> Result<Option<CopyEvent>, PgError> {
+        while let Some(message) = self.try_parse_message()? {
+            match message {
+                Message::CopyData(body) => {
+                    return Ok(Some(CopyEvent::Frame(ReplicationFrame::parse(
+                        body.into_bytes(),
+                    )?)))
+                }
+                // A walsender that ends streaming (server shutdown) may send
+                // CommandComplete right away.
+                Message::CopyDone | Message::CommandComplete(_) => {
+                    self.in_copy_both = false;
+                    return Ok(Some(CopyEvent::Done));
+                }
+                Message::NoticeResponse(body) => {
+                    return Ok(Some(CopyEvent::Notice(DbError::from_fields(body.fields()))))
+                }
+                Message::ParameterStatus(_) => continue,
+                Message::ErrorResponse(body) => return Err(server_error(body.fields())),
+                other => {
+                    return Err(PgError::Protocol(format!(
+                        "unexpected {} message in the replication stream",
+                        message_name(&other)
+                    )))
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Send a standby status update.

@@ -36,6 +36,9 @@ pub const MESSAGES_SINCE: u32 = 140_000;
 pub struct PreparedSource {
     pub system_id: String,
     pub timeline: u32,
+    /// The end of the server's flushed WAL when the session began (`IDENTIFY_SYSTEM`'s
+    /// `xlogpos`).
+    pub wal_end: Lsn,
     /// Where the slot stands (`confirmed_flush_lsn`), or where it was created.
     pub slot_lsn: Lsn,
     pub slot_created: bool,
@@ -98,6 +101,10 @@ pub async fn prepare(
         .get(0, "timeline")
         .and_then(|t| t.parse().ok())
         .unwrap_or(0);
+    let wal_end = identify
+        .get(0, "xlogpos")
+        .and_then(|lsn| lsn.parse().ok())
+        .unwrap_or(Lsn::ZERO);
 
     if spec.messages && version_num < MESSAGES_SINCE {
         return Err(definite(format!(
@@ -151,6 +158,7 @@ pub async fn prepare(
     Ok(PreparedSource {
         system_id,
         timeline,
+        wal_end,
         slot_lsn,
         slot_created,
         publication_created,

@@ -232,6 +232,13 @@ impl AckTracker {
         self.reported
     }
 
+    /// The position before which every transaction received is delivered, whether or not
+    /// the watch vouched for it yet (for a resume within this process, which
+    /// acknowledges nothing by itself: [`crate::relay::record::Delivered`]).
+    pub fn delivered_through(&mut self) -> Lsn {
+        self.advance()
+    }
+
     /// Drops fully delivered transactions off the front and returns the position they
     /// (and, when nothing is open, the stream) allow, before the watch's bound.
     fn advance(&mut self) -> Lsn {

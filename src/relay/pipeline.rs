@@ -12,6 +12,13 @@
 //!    fewer than `max_in_flight_bytes` bytes are undelivered and no record waits (for
 //!    its topic, or for producer queue room): backpressure by not reading.
 //!
+//! A turn takes every delivery report already queued (one pump and one look at the
+//! acknowledged position for all of them), and the frames already in the receive buffer
+//! after the one it waited for (at most [`FRAMES_PER_TURN`], the bounds checked before
+//! each): under load the loop turns once per read from the socket, not once per frame.
+//! The two deferred timers (an owed status update, an owed record) are made once and
+//! moved only when their due time changes.
+//!
 //! Nothing in the loop waits for Kafka: a new topic is created by a task
 //! ([`KafkaSink::topic_status`]) whose outcome arrives as a notice; the events behind it
 //! wait, in order, in `waiting`, while status updates go on.
@@ -153,8 +160,15 @@ impl Pipeline {
         let beat = heartbeat(interval);
         let mut heartbeat = tokio::time::interval(beat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // One timer each for the owed status update and the owed record, moved only when
+        // their due time changes: a timer made anew at every turn of the loop registers
+        // with the runtime's clock and wakes its driver, per frame under load.
+        let mut status_timer = DueTimer::new();
+        let mut record_timer = DueTimer::new();
         loop {
-            let reading = self.waiting.is_empty() && self.tracker.has_room(self.limits);
+            let reading = self.reading();
+            status_timer.arm(self.status_due);
+            record_timer.arm(self.record_due);
             tokio::select! {
                 biased;
                 () = stopped(stop) => {
@@ -170,6 +184,9 @@ impl Pipeline {
                 }
                 Some(notice) = self.notices.recv() => {
                     self.on_notice(notice)?;
+                    // The reports that came meanwhile, in the same turn: one pump and one
+                    // look at the acknowledged position for all of them.
+                    self.take_ready_notices()?;
                     self.pump()?;
                     self.report_progress_promptly().await?;
                 }
@@ -177,12 +194,12 @@ impl Pipeline {
                     self.on_watch_report(report)?;
                     self.report_progress_promptly().await?;
                 }
-                () = sleep_until_due(self.status_due), if self.status_due.is_some() => {
+                () = status_timer.elapsed(), if self.status_due.is_some() => {
                     self.status_due = None;
                     self.send_status(false).await?;
                     self.ask_watch();
                 }
-                () = sleep_until_due(self.record_due), if self.record_due.is_some() => {
+                () = record_timer.elapsed(), if self.record_due.is_some() => {
                     self.record_due = None;
                     self.record_position();
                 }
@@ -200,24 +217,47 @@ impl Pipeline {
                 }
                 event = self.conn.next_copy_event(), if reading => {
                     self.liveness.received(Instant::now());
-                    match event? {
-                        CopyEvent::Frame(ReplicationFrame::XLogData(xlog)) => {
-                            let message = pgoutput::decode(&xlog.data, StreamState::Outside)?;
-                            let step = self.assembler.apply(message, xlog.wal_start)?;
-                            self.on_step(step)?;
+                    self.on_copy_event(event?).await?;
+                    // The frames already received, in the same turn while there is room:
+                    // one turn per read from the socket, not per frame. Bounded, so that
+                    // delivery reports (which free the room) are taken between batches.
+                    for _ in 1..FRAMES_PER_TURN {
+                        if !self.reading() {
+                            break;
                         }
-                        CopyEvent::Frame(ReplicationFrame::Keepalive(keepalive)) => {
-                            self.tracker.keepalive(keepalive.wal_end);
-                            if keepalive.reply_requested {
-                                self.send_status(false).await?;
-                            }
+                        match self.conn.buffered_copy_event()? {
+                            Some(event) => self.on_copy_event(event).await?,
+                            None => break,
                         }
-                        CopyEvent::Notice(notice) => self.on_server_notice(notice)?,
-                        CopyEvent::Done => return Err(RelayError::StreamEnded),
                     }
                 }
             }
         }
+    }
+
+    /// Whether the loop reads from PostgreSQL now: nothing waits to be sent, and the
+    /// in-flight bounds have room.
+    fn reading(&self) -> bool {
+        self.waiting.is_empty() && self.tracker.has_room(self.limits)
+    }
+
+    async fn on_copy_event(&mut self, event: CopyEvent) -> Result<(), RelayError> {
+        match event {
+            CopyEvent::Frame(ReplicationFrame::XLogData(xlog)) => {
+                let message = pgoutput::decode(&xlog.data, StreamState::Outside)?;
+                let step = self.assembler.apply(message, xlog.wal_start)?;
+                self.on_step(step)?;
+            }
+            CopyEvent::Frame(ReplicationFrame::Keepalive(keepalive)) => {
+                self.tracker.keepalive(keepalive.wal_end);
+                if keepalive.reply_requested {
+                    self.send_status(false).await?;
+                }
+            }
+            CopyEvent::Notice(notice) => self.on_server_notice(notice)?,
+            CopyEvent::Done => return Err(RelayError::StreamEnded),
+        }
+        Ok(())
     }
 
     /// After a delivery report: when it moved the acknowledged position, send a status
@@ -353,7 +393,16 @@ impl Pipeline {
                 };
                 self.sink.transaction_begin(final_lsn, skipped);
             }
-            Step::Event { .. } if self.skip_committed() => {}
+            Step::Event { .. } if self.skip_committed() => {
+                // Skipped on the strength of the record or of this process's memory
+                // (crate::relay::record): once acknowledged, its position is recorded
+                // like any delivered transaction's, so that a process started after a
+                // later fault does not send it again. (What the record itself covers
+                // is not written twice: the recorder starts from it.)
+                if self.resume.is_some() {
+                    self.txn_had_events = true;
+                }
+            }
             Step::Event { seq, event } => {
                 self.txn_had_events = true;
                 match event {
@@ -748,6 +797,27 @@ impl Pipeline {
         }
     }
 
+    /// After PostgreSQL went away: flush the sink and wait (at most `timeout`) for the
+    /// delivery reports of what is in flight, so that the next session knows it
+    /// delivered (nothing is acknowledged: the connection is gone). A report that ends
+    /// the sink's session ends the wait.
+    pub(super) async fn settle(&mut self, timeout: Duration) {
+        if self.sink.flush().is_err() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.tracker.in_flight() > 0 {
+            match tokio::time::timeout_at(deadline, self.notices.recv()).await {
+                Ok(Some(notice)) => {
+                    if self.on_notice(notice).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+
     /// Graceful end: flush the sink, wait (bounded) for in-flight deliveries, and send
     /// a final status update with what is delivered.
     /// The heartbeat goes on meanwhile (every `beat`), so a standby does not take the
@@ -811,11 +881,38 @@ impl Pipeline {
     }
 }
 
-/// Resolves at `due` (never when there is none; the select guards that branch).
-async fn sleep_until_due(due: Option<tokio::time::Instant>) {
-    match due {
-        Some(due) => tokio::time::sleep_until(due).await,
-        None => std::future::pending().await,
+/// At most this many frames are handled in one turn of the loop (the first one and those
+/// already in the receive buffer after it).
+const FRAMES_PER_TURN: usize = 256;
+
+/// A timer for a due time that changes now and then: the `Sleep` is made once and moved
+/// only when the due time changes.
+struct DueTimer {
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    armed: Option<tokio::time::Instant>,
+}
+
+impl DueTimer {
+    fn new() -> Self {
+        DueTimer {
+            // Never polled before `arm` gives it a due time (its branch is disabled).
+            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            armed: None,
+        }
+    }
+
+    /// Fire at `due` (nothing when `None`: the caller's branch is then disabled).
+    fn arm(&mut self, due: Option<tokio::time::Instant>) {
+        if let Some(due) = due {
+            if self.armed != Some(due) {
+                self.sleep.as_mut().reset(due);
+                self.armed = Some(due);
+            }
+        }
+    }
+
+    async fn elapsed(&mut self) {
+        self.sleep.as_mut().await;
     }
 }
 
@@ -828,7 +925,7 @@ fn log_resume(resume: &Resume, ended_inside: bool) {
         transactions = resume.transactions,
         events = resume.events,
         ended_inside_the_range = ended_inside,
-        "skipped the transactions between the slot's position and the relay's record: delivered before the slot rewound"
+        "skipped the transactions between the slot's position and what the relay had delivered (its record, or what this process remembers): delivered before the slot rewound"
     );
 }
 

@@ -59,6 +59,15 @@
 //! most [`RECORD_GAP`] later, and a fault between an acknowledgement and its record
 //! resends only that window. A graceful stop writes the last position and waits for the
 //! write (bounded), so a stop followed by a rewind resends nothing.
+//!
+//! Within one process the window is smaller still: when a session ends because
+//! PostgreSQL went away (a restart, a crash, a cut link), the relay waits (bounded) for
+//! the delivery reports of what it had in flight and keeps the position delivered so far
+//! in memory ([`Delivered`]); the next session skips up to the larger of that and the
+//! record. A fast shutdown's tail, which the walsender streams after PostgreSQL stopped
+//! taking writes (so no record can hold it), is then not sent again either. What is left
+//! for a process that lives on: what was in flight and not confirmed within that wait.
+//! For a process killed (`kill -9`, OOM): the last record window and what was in flight.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -147,6 +156,34 @@ impl Recorder {
     }
 }
 
+/// What one session of this process had delivered when it ended (every event of every
+/// transaction before `through` confirmed by the sink), for the next session's resume:
+/// the same promise as the record, kept in memory, for what the record could not hold
+/// (PostgreSQL refuses the record's UPDATE from the moment a shutdown begins, while its
+/// walsender still sends the rest of the WAL; a link cut ends the session between a
+/// delivery and its record).
+///
+/// It is used only on the same cluster and timeline, and only up to the end of the WAL
+/// the server has: a session decodes flushed WAL only, and a timeline is one line of WAL,
+/// so below that end the server holds the very transactions that were delivered. A
+/// promotion or a restore changes the timeline and a copied cluster the system
+/// identifier; then only the record, which travels with the WAL, counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    pub system_id: String,
+    pub timeline: u32,
+    pub through: Lsn,
+}
+
+impl Delivered {
+    /// The position a session on `system_id`/`timeline`, whose server's WAL ends at
+    /// `wal_end`, may skip to on the strength of this memory (`None`: not here).
+    pub fn usable(&self, system_id: &str, timeline: u32, wal_end: Lsn) -> Option<Lsn> {
+        (self.system_id == system_id && self.timeline == timeline && self.through <= wal_end)
+            .then_some(self.through)
+    }
+}
+
 /// The resume from the record at start, counted for the log line that ends it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resume {
@@ -161,6 +198,23 @@ pub struct Resume {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_session_delivered_counts_only_on_its_own_cluster_timeline_and_wal() {
+        let delivered = Delivered {
+            system_id: "7".into(),
+            timeline: 1,
+            through: Lsn(500),
+        };
+        assert_eq!(delivered.usable("7", 1, Lsn(500)), Some(Lsn(500)));
+        assert_eq!(delivered.usable("7", 1, Lsn(900)), Some(Lsn(500)));
+        // A promotion or a restore: another timeline.
+        assert_eq!(delivered.usable("7", 2, Lsn(900)), None);
+        // Another cluster.
+        assert_eq!(delivered.usable("8", 1, Lsn(900)), None);
+        // WAL shorter than what was delivered: not the WAL it was decoded from.
+        assert_eq!(delivered.usable("7", 1, Lsn(499)), None);
+    }
 
     #[test]
     fn records_only_positions_that_acknowledge_events() {

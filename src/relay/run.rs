@@ -24,7 +24,7 @@ use crate::relay::liveness::{receive_timeout, status_interval, Liveness, Livenes
 use crate::relay::pipeline::{
     now_pg, stopped, Pipeline, Progress, BACKOFF_RESET_AFTER, CLOSE_WAIT, HEALTHY_TICKS,
 };
-use crate::relay::record::{Recorder, Resume};
+use crate::relay::record::{Delivered, Recorder, Resume};
 use crate::relay::settings::Settings;
 use crate::relay::takeover::{self, heartbeat, SilenceWatch};
 use crate::relay::txn::TxnAssembler;
@@ -62,6 +62,8 @@ pub async fn run(
     };
     let mut backoff = Backoff::from_clock();
     let mut timeline = None;
+    // What the last session delivered, for the next one's resume.
+    let mut delivered = None;
     let mut waiting_for_slot = false;
     let mut silence = SilenceWatch::default();
     loop {
@@ -70,6 +72,7 @@ pub async fn run(
             &settings,
             stop.clone(),
             &mut timeline,
+            &mut delivered,
             &metrics,
             &mut silence,
         );
@@ -190,6 +193,7 @@ async fn run_attempt(
     settings: &Settings,
     mut stop: watch::Receiver<bool>,
     timeline: &mut Option<(String, u32)>,
+    delivered: &mut Option<Delivered>,
     metrics: &Arc<Metrics>,
     silence: &mut SilenceWatch,
 ) -> Result<(), RelayError> {
@@ -320,7 +324,7 @@ async fn run_attempt(
     let (committed, resume) = match committed {
         // Exactly-once: the checkpoint is never behind the record (crate::relay::record).
         Some(checkpoint) => (Some(checkpoint), None),
-        None => resume_from_record(&prepared, &spec.slot),
+        None => resume_from_record(&prepared, &spec.slot, delivered.as_ref()),
     };
 
     let receive_timeout = receive_timeout(
@@ -382,7 +386,7 @@ async fn run_attempt(
         metrics: Arc::clone(metrics),
         last_status_at: Instant::now(),
         last_reported: prepared.slot_lsn,
-        recorder: Recorder::new(prepared.slot_lsn),
+        recorder: Recorder::new(already_recorded(&prepared)),
         record_due: None,
         resume,
         txn_had_events: false,
@@ -397,6 +401,18 @@ async fn run_attempt(
     };
     let streamed = pipeline.stream(interval, &mut stop).await;
     pipeline.log_unfinished_resume();
+    if let Err(error) = &streamed {
+        // PostgreSQL went away (a restart, a cut link) while the sink is sound: what is in
+        // flight is still delivered, and the next session skips it (bounded wait).
+        if matches!(error, RelayError::Pg(_) | RelayError::StreamEnded) {
+            pipeline.settle(CLOSE_WAIT).await;
+        }
+        *delivered = Some(Delivered {
+            system_id: prepared.system_id.clone(),
+            timeline: prepared.timeline,
+            through: pipeline.tracker.delivered_through(),
+        });
+    }
     match streamed {
         Ok(()) => {}
         Err(RelayError::Pg(error)) => return Err(explain(error).await.into()),
@@ -447,18 +463,72 @@ async fn with_heartbeat<T>(
 /// The skip of what the state table's record shows delivered past the slot's position
 /// (the slot rewound: a PostgreSQL restart or crash, a failover), as a checkpoint of the
 /// same shape as exactly-once's; see [`crate::relay::record`] for why it is safe.
+/// `delivered`: what this process's previous session had delivered when it ended, used
+/// where the record could not follow (see [`Delivered`]).
 fn resume_from_record(
     prepared: &PreparedSource,
     slot: &str,
+    delivered: Option<&Delivered>,
 ) -> (Option<Checkpoint>, Option<Resume>) {
-    let Some(record) = &prepared.record else {
+    let recorded = recorded_position(prepared, slot);
+    let remembered = delivered
+        .and_then(|d| d.usable(&prepared.system_id, prepared.timeline, prepared.wal_end))
+        .filter(|&lsn| lsn > prepared.slot_lsn);
+    let Some(through) = recorded.into_iter().chain(remembered).max() else {
         return (None, None);
     };
-    let Some(recorded) = record.acknowledged_lsn else {
-        return (None, None);
-    };
+    let recorded_at = prepared
+        .record
+        .as_ref()
+        .and_then(|record| record.acknowledged_at.as_deref())
+        .unwrap_or("unknown");
+    if recorded == Some(through) {
+        tracing::info!(
+            slot,
+            slot_lsn = %prepared.slot_lsn,
+            recorded = %through,
+            recorded_at,
+            "the slot is behind the relay's record (PostgreSQL saves a slot's position only at checkpoints): transactions committed before the recorded position were delivered and are skipped"
+        );
+    } else {
+        tracing::info!(
+            slot,
+            slot_lsn = %prepared.slot_lsn,
+            recorded = %recorded.map_or_else(|| "none".to_owned(), |lsn| lsn.to_string()),
+            delivered = %through,
+            "the slot is behind what this relay delivered before its last session ended (PostgreSQL saves a slot's position only at checkpoints, and the relay's record was not written for the last of it): transactions committed before that position are skipped"
+        );
+    }
+    (
+        Some(Checkpoint::new(slot, &prepared.system_id, through, None)),
+        Some(Resume {
+            from: prepared.slot_lsn,
+            through,
+            transactions: 0,
+            events: 0,
+        }),
+    )
+}
+
+/// What the state table holds already, for the recorder's start: the record's position
+/// when it comes from this cluster and is past the slot's, else the slot's.
+fn already_recorded(prepared: &PreparedSource) -> Lsn {
+    prepared
+        .record
+        .as_ref()
+        .filter(|record| record.system_identifier.as_deref() == Some(prepared.system_id.as_str()))
+        .and_then(|record| record.acknowledged_lsn)
+        .map_or(prepared.slot_lsn, |recorded| {
+            recorded.max(prepared.slot_lsn)
+        })
+}
+
+/// The record's position when it is past the slot's and comes from this cluster.
+fn recorded_position(prepared: &PreparedSource, slot: &str) -> Option<Lsn> {
+    let record = prepared.record.as_ref()?;
+    let recorded = record.acknowledged_lsn?;
     if recorded <= prepared.slot_lsn {
-        return (None, None);
+        return None;
     }
     if record.system_identifier.as_deref() != Some(prepared.system_id.as_str()) {
         tracing::warn!(
@@ -468,22 +538,7 @@ fn resume_from_record(
             system_id = %prepared.system_id,
             "the state table's record of the slot comes from another PostgreSQL cluster (a copied database?): its position is not used, transactions after the slot's position are sent again"
         );
-        return (None, None);
+        return None;
     }
-    tracing::info!(
-        slot,
-        slot_lsn = %prepared.slot_lsn,
-        recorded = %recorded,
-        recorded_at = record.acknowledged_at.as_deref().unwrap_or("unknown"),
-        "the slot is behind the relay's record (PostgreSQL saves a slot's position only at checkpoints): transactions committed before the recorded position were delivered and are skipped"
-    );
-    (
-        Some(Checkpoint::new(slot, &prepared.system_id, recorded, None)),
-        Some(Resume {
-            from: prepared.slot_lsn,
-            through: recorded,
-            transactions: 0,
-            events: 0,
-        }),
-    )
+    Some(recorded)
 }
