@@ -358,9 +358,17 @@ impl KafkaBroker {
              # Small segments and indexes: tests write little, and many brokers share a disk.\n\
              log.segment.bytes=16777216\n\
              log.index.size.max.bytes=1048576\n\
+             {append_time}\
              {secure_properties}",
             port = self.port,
             controller = self.controller_port,
+            // Behind a fault proxy (the fault tests): records carry the time the broker
+            // appended them, so a test can tell after which fault a second copy came.
+            append_time = if self.advertised_port.is_some() {
+                "log.message.timestamp.type=LogAppendTime\n"
+            } else {
+                ""
+            },
             log_dir = log_dir.display(),
         );
         std::fs::write(self.dir.path().join("server.properties"), properties)

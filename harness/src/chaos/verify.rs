@@ -11,6 +11,9 @@ use super::{event_id, parse_event_id, topic_of};
 pub struct Verdict {
     pub records: usize,
     pub duplicates: usize,
+    /// The record timestamp of every second (or later) copy, in the order read: the
+    /// broker's append time where the topic stamps it (a broker behind a fault proxy).
+    pub duplicate_times_ms: Vec<i64>,
     pub lost: usize,
     pub lost_examples: Vec<String>,
     pub not_committed_seen: usize,
@@ -135,6 +138,9 @@ pub fn verify(records: &[Record], logs: &[WriterLog]) -> Verdict {
         }
         if seen[w][s] {
             verdict.duplicates += 1;
+            verdict
+                .duplicate_times_ms
+                .push(record.timestamp_ms.unwrap_or(0));
             continue;
         }
         seen[w][s] = true;
@@ -163,4 +169,33 @@ pub fn verify(records: &[Record], logs: &[WriterLog]) -> Verdict {
         }
     }
     verdict
+}
+
+/// Which fault each second copy followed: `faults_at_ms` are the instants the faults
+/// began (ascending, the same clock as `copies_at_ms`). Returns the copies that came
+/// before the first fault, and per fault the copies between it and the next one.
+pub fn attribute_copies(copies_at_ms: &[i64], faults_at_ms: &[i64]) -> (usize, Vec<usize>) {
+    let mut per_fault = vec![0; faults_at_ms.len()];
+    let mut before_any = 0;
+    for &at in copies_at_ms {
+        // The number of faults begun at or before `at`.
+        match faults_at_ms.partition_point(|&fault| fault <= at) {
+            0 => before_any += 1,
+            begun => per_fault[begun - 1] += 1,
+        }
+    }
+    (before_any, per_fault)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attribute_copies;
+
+    #[test]
+    fn each_copy_goes_to_the_last_fault_begun_before_it() {
+        let (before, per_fault) = attribute_copies(&[5, 10, 11, 29, 30, 31, 99], &[10, 30]);
+        assert_eq!(before, 1);
+        assert_eq!(per_fault, vec![3, 3]);
+        assert_eq!(attribute_copies(&[], &[1]), (0, vec![0]));
+    }
 }
