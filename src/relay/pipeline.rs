@@ -197,7 +197,6 @@ impl Pipeline {
                 () = status_timer.elapsed(), if self.status_due.is_some() => {
                     self.status_due = None;
                     self.send_status(false).await?;
-                    self.ask_watch();
                 }
                 () = record_timer.elapsed(), if self.record_due.is_some() => {
                     self.record_due = None;
@@ -761,8 +760,12 @@ impl Pipeline {
         self.last_status_at = Instant::now();
         self.last_reported = flush;
         self.record_position();
-        // This update carries everything acknowledged so far: nothing is owed.
+        // This update carries everything acknowledged so far: nothing is owed, unless
+        // deliveries wait for the watch to vouch for them (some may have been reported
+        // by the flush above, whose notices no other branch sees): ask for a check, or
+        // owe an update at the time one may be asked.
         self.status_due = None;
+        self.ask_watch();
         Metrics::set(&self.metrics.flush_lsn, flush.0);
         Metrics::set(&self.metrics.received_lsn, update.write.0);
         Metrics::set(
