@@ -208,7 +208,6 @@ impl Pipeline {
                         u64::try_from((interval * HEALTHY_TICKS).as_millis()).unwrap_or(u64::MAX),
                     );
                     Metrics::set(&self.metrics.health.loop_deadline_unix_ms, deadline);
-                    self.ask_watch();
                     self.pump()?;
                     let probe = self.check_liveness(reading)?;
                     self.send_status(probe).await?;
