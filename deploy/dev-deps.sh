@@ -78,7 +78,14 @@ echo "dev-deps: PostgreSQL server binaries present ($(find_pg_bindir))" >&2
 
 if [ "${1:-}" = "--postgres-only" ]; then exit 0; fi
 
-# Every other PostgreSQL major version, for the per-version test runs of .ci/run.
+# jq and flock for .ci/test (it reads cargo's JSON to find the test binaries and runs
+# them in parallel lanes); flock is util-linux's, present on every Debian.
+if ! command -v jq >/dev/null 2>&1; then
+    echo "dev-deps: installing jq (Debian package jq) for .ci/test" >&2
+    apt_install jq
+fi
+
+# Every other PostgreSQL major version, for the per-version test runs of .ci/test.
 if ! command -v npm >/dev/null 2>&1; then
     echo "dev-deps: installing npm (Debian package npm) to fetch PostgreSQL builds" >&2
     apt_install npm

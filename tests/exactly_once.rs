@@ -262,6 +262,21 @@ fn broker_restart_mid_transaction_loses_and_duplicates_nothing() {
     ));
     let expected = ids.lock().unwrap().clone();
     let records = read_events_committed_at_least(&broker.bootstrap(), expected.len());
+    if records.len() < expected.len() {
+        // What a failure needs to be understood: whether the records are in the log
+        // (read_uncommitted sees them: a transaction holds the stable offset back) or
+        // not, and what the broker said after its restarts.
+        let topics = topics();
+        let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let uncommitted =
+            support::kafka::consume(&broker.bootstrap(), &refs, expected.len(), WAIT).len();
+        eprintln!(
+            "read_committed saw {} of {} records, read_uncommitted {uncommitted}; the broker's log tail:\n{}",
+            records.len(),
+            expected.len(),
+            broker.log_tail()
+        );
+    }
     assert_exactly_once(&records, &expected, "broker restart mid-transaction");
     drop(relay);
 }

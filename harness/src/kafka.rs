@@ -178,11 +178,15 @@ impl KafkaBroker {
         std::fs::write(broker.dir.path().join("log4j2.properties"), log4j_config())
             .expect("writing log4j2.properties");
         for attempt in 1..=PORT_ATTEMPTS {
-            broker.port = free_port();
-            broker.controller_port = free_port();
+            // Four distinct ports: asked one at a time, the kernel may hand out the same
+            // port twice once the first listener is closed, and Kafka refuses two listeners
+            // on one port (a CI run's exactly_once.rs failed so).
+            let [port, controller_port, ssl_port, sasl_ssl_port] = free_ports();
+            broker.port = port;
+            broker.controller_port = controller_port;
             if let Some(secure) = &mut broker.secure {
-                secure.ssl_port = free_port();
-                secure.sasl_ssl_port = free_port();
+                secure.ssl_port = ssl_port;
+                secure.sasl_ssl_port = sasl_ssl_port;
             }
             on_listen_port(broker.port);
             broker.write_server_properties();
@@ -518,8 +522,11 @@ fn process_log(process: &ChildProcess) -> String {
     log
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
-    listener.local_addr().expect("local address").port()
+/// `N` distinct TCP ports on 127.0.0.1 that were free a moment ago: all `N` listeners are
+/// held open together, so no two of them can be the same port.
+fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: [std::net::TcpListener; N] = std::array::from_fn(|_| {
+        std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0")
+    });
+    listeners.map(|listener| listener.local_addr().expect("local address").port())
 }

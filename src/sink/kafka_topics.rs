@@ -18,6 +18,10 @@ use crate::sink::SinkError;
 /// the pipeline's loop (status updates go on meanwhile); a timeout is retried with
 /// backoff.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often, and how far apart, a created topic's partition count is asked for while
+/// its metadata still has an error: at most about 2 s in all, once per topic.
+const COUNT_ATTEMPTS: u32 = 10;
+const COUNT_RETRY: Duration = Duration::from_millis(200);
 
 /// What a topic task needs: the admin client and the `[kafka]` topic settings.
 #[derive(Clone)]
@@ -72,9 +76,19 @@ impl TopicPreparer {
                 }
             }
             // Best effort: only the message of a partition placement beyond the topic
-            // needs the count.
-            if let Ok(Some((None, partitions))) = self.metadata(topic).await {
-                self.partition_counts.record(topic, partitions);
+            // needs the count. A topic just created may be listed with an error (no
+            // leader yet) for a moment, longer on a loaded broker: asked again a few
+            // times (CI once dead-lettered a record with "no such partition in Kafka's
+            // metadata" instead of the count, the first answer having had an error).
+            for attempt in 1..=COUNT_ATTEMPTS {
+                match self.metadata(topic).await {
+                    Ok(Some((None, partitions))) if partitions > 0 => {
+                        self.partition_counts.record(topic, partitions);
+                        break;
+                    }
+                    _ if attempt < COUNT_ATTEMPTS => tokio::time::sleep(COUNT_RETRY).await,
+                    _ => {}
+                }
             }
             Ok(())
         } else {

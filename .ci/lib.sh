@@ -1,0 +1,38 @@
+# Shared by .ci/pg-versions and .ci/test (sourced, after deploy/lib.sh).
+
+# pg_version_jobs MAJOR: the tests whose outcome depends on the PostgreSQL version, one
+# job per line: a test target of the root package, then the arguments for its test binary
+# (name filters). .ci/pg-versions runs them with `cargo test`, .ci/test runs the binaries.
+#   stdout_relay.rs, lost_slot.rs, partitioned_outbox.rs, outbox_changes.rs,
+#   record_resume.rs (all of them: the slot rewinds after a crash on every version),
+#   resilience.rs (slot, publication, promotion and timeline tests),
+#   bad_input_config.rs (exhausted slots, a role without REPLICATION), check.rs,
+#   admin_commands.rs and tls_postgres.rs (all of them: catalog queries and TLS),
+#   takeover.rs (a waiting standby writes nothing; the takeover's catalog queries and
+#   wait events, through the privileges test), messages.rs on 14 and later (pgoutput's
+#   messages option; its PostgreSQL 13 test starts 13 itself).
+pg_version_jobs() {
+    local major="$1" target
+    for target in stdout_relay lost_slot partitioned_outbox outbox_changes record_resume check admin_commands tls_postgres; do
+        echo "$target"
+    done
+    echo "resilience slot publication promotion timeline"
+    echo "bad_input_config replication_slots role_without_replication"
+    echo "takeover writes_nothing privileges"
+    if [ "$major" -ge 14 ]; then echo "messages"; fi
+}
+
+# suite_pg_major: the major `cargo test --workspace` runs on ($PG_BINDIR, else the one the
+# harness finds).
+suite_pg_major() {
+    pg_major "${PG_BINDIR:-$(find_pg_bindir)}"
+}
+
+# other_pg_majors: every major of PG_TEST_MAJORS but the suite's.
+other_pg_majors() {
+    local suite major
+    suite="$(suite_pg_major)"
+    for major in $PG_TEST_MAJORS; do
+        if [ "$major" != "$suite" ]; then echo "$major"; fi
+    done
+}
