@@ -8,7 +8,8 @@
 # into /var/cache/outbox-relay as root; needs npm), Apache Kafka's broker jars (Maven
 # Central, through deploy/kafka/pom.xml; needs a JDK 17+ and Maven), Kafka Connect's and
 # Debezium's jars (Maven Central, deploy/debezium/pom.xml: Debezium side by side in the
-# benchmark) and cargo-fuzz (crates.io), which builds and runs the fuzz targets in fuzz/.
+# benchmark), cargo-fuzz (crates.io), which builds and runs the fuzz targets in fuzz/,
+# and jq (Debian), with which .ci/test reads cargo's JSON.
 #
 #   ./deploy/dev-deps.sh                  # everything the tests need
 #   ./deploy/dev-deps.sh --postgres-only  # the relay's build dependencies and Debian's

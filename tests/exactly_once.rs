@@ -270,8 +270,9 @@ fn broker_restart_mid_transaction_loses_and_duplicates_nothing() {
         let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
         let uncommitted =
             support::kafka::consume(&broker.bootstrap(), &refs, expected.len(), WAIT).len();
+        let leaders = partition_leaders(&broker.bootstrap(), &refs);
         eprintln!(
-            "read_committed saw {} of {} records, read_uncommitted {uncommitted}; the broker's log tail:\n{}",
+            "read_committed saw {} of {} records, read_uncommitted {uncommitted}; partition leaders {leaders:?}; the broker's log tail:\n{}",
             records.len(),
             expected.len(),
             broker.log_tail()
@@ -279,6 +280,37 @@ fn broker_restart_mid_transaction_loses_and_duplicates_nothing() {
     }
     assert_exactly_once(&records, &expected, "broker restart mid-transaction");
     drop(relay);
+}
+
+/// Each partition of `topics` with its leader (-1: none) and error, as the broker's
+/// metadata says, for failure messages.
+fn partition_leaders(bootstrap: &str, topics: &[&str]) -> Vec<(String, i32, i32, String)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let Ok(client) = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create::<BaseConsumer>()
+    else {
+        return Vec::new();
+    };
+    let mut leaders = Vec::new();
+    for topic in topics {
+        match client.fetch_metadata(Some(topic), Duration::from_secs(10)) {
+            Ok(metadata) => {
+                for t in metadata.topics() {
+                    for p in t.partitions() {
+                        leaders.push((
+                            t.name().to_owned(),
+                            p.id(),
+                            p.leader(),
+                            format!("{:?} {:?}", t.error(), p.error()),
+                        ));
+                    }
+                }
+            }
+            Err(err) => leaders.push(((*topic).to_owned(), -1, -1, err.to_string())),
+        }
+    }
+    leaders
 }
 
 /// A second producer with the relay's transactional id (a newer relay) fences it: the

@@ -492,10 +492,7 @@ fn twenty_frozen_relays_are_taken_over_with_the_defaults_and_a_huge_transaction_
     let stalest = loop {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let sampler = watch_reply_age(&pg, walsender, stop.clone());
-        let huge_event = format!(
-            "00000000-0000-0000-0000-{:012}",
-            FREEZES * 10 + 1000 + attempt
-        );
+        let huge_event = format!("00000000-0000-0000-0000-{:012}", FREEZES * 10 + attempt);
         let mut txn = client.transaction().expect("BEGIN");
         txn.execute(
             "INSERT INTO bulk SELECT g, repeat('x', 10) FROM generate_series(1, $1::bigint) g",
@@ -543,7 +540,8 @@ fn twenty_frozen_relays_are_taken_over_with_the_defaults_and_a_huge_transaction_
         stalest >= SILENCE + Duration::from_secs(1),
         "the huge transaction's walsender read a reply at most {stalest:?} apart: the test did not show a healthy walsender silent past the {SILENCE:?} silence (make HUGE_ROWS larger)"
     );
-    let last = insert(&pg, FREEZES * 10 + 1, 2);
+    // After the huge transactions' events (ids increase in commit order).
+    let last = insert(&pg, FREEZES * 10 + 2, 2);
     wait_printed(
         &relays[active],
         &last,
