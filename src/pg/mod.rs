@@ -10,6 +10,7 @@ pub mod framing;
 pub mod init;
 pub mod pgoutput;
 pub mod pgoutput_reader;
+pub mod pgoutput_values;
 pub mod publication;
 pub mod replication;
 pub mod slot;

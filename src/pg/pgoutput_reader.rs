@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use crate::pg::pgoutput::{ColumnValue, DecodeError, PgTimestamp, StreamState, TupleData};
+use crate::pg::pgoutput_values::{ColumnValue, DecodeError, PgTimestamp, StreamState, TupleData};
 use crate::pg::Lsn;
 
 /// Cursor over one message. `pos` is an offset into the whole message, tag included, so
