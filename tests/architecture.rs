@@ -3,7 +3,9 @@
 //! file (`config` composes the sections each part owns and hands the relay its
 //! settings), and the shared vocabulary (`event`, `lsn`) is a leaf. Checked on the
 //! source text: every `crate::<module>` a file names (outside comments) must be one its
-//! layer may use, and the top-level modules import each other without cycles.
+//! layer may use, the top-level modules import each other without cycles, and no two
+//! files import each other (through `crate::` or `super::` paths) beyond the pairs
+//! `KNOWN_PAIRS` still lists.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
