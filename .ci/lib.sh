@@ -1,4 +1,4 @@
-# Shared by .ci/pg-versions and .ci/test (sourced, after deploy/lib.sh).
+# Shared by .ci/pg-versions, .ci/test and .ci/run (sourced, after deploy/lib.sh).
 
 # pg_version_jobs MAJOR: the tests whose outcome depends on the PostgreSQL version, one
 # job per line: a test target of the root package, then the arguments for its test binary
@@ -35,4 +35,11 @@ other_pg_majors() {
     for major in $PG_TEST_MAJORS; do
         if [ "$major" != "$suite" ]; then echo "$major"; fi
     done
+}
+
+# test_counts FILE...: "N passed, N failed" summed over the libtest "test result:" lines
+# of FILE; nothing when there are none.
+test_counts() {
+    awk '/^test result:/ { seen = 1; for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+         END { if (seen) printf "%d passed, %d failed\n", p, f }' "$@"
 }
