@@ -263,16 +263,24 @@ fn broker_restart_mid_transaction_loses_and_duplicates_nothing() {
     let expected = ids.lock().unwrap().clone();
     let records = read_events_committed_at_least(&broker.bootstrap(), expected.len());
     if records.len() < expected.len() {
-        // What a failure needs to be understood: whether the records are in the log
-        // (read_uncommitted sees them: a transaction holds the stable offset back) or
-        // not, and what the broker said after its restarts.
+        // What a failure needs to be understood: what each partition's log holds, batch
+        // by batch (which producer epoch, which transactions committed, aborted or left
+        // open: an open one holds read_committed consumers back at its first offset),
+        // what read_committed saw of each partition, and what the broker said after its
+        // restarts.
+        let mut seen: std::collections::BTreeMap<(String, i32), usize> = Default::default();
+        for record in &records {
+            *seen
+                .entry((record.topic.clone(), record.partition))
+                .or_default() += 1;
+        }
         let topics = topics();
         let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-        let uncommitted =
-            support::kafka::consume(&broker.bootstrap(), &refs, expected.len(), WAIT).len();
         let leaders = partition_leaders(&broker.bootstrap(), &refs);
+        let logs: String = topics.iter().map(|t| broker.topic_log_summary(t)).collect();
         eprintln!(
-            "read_committed saw {} of {} records, read_uncommitted {uncommitted}; partition leaders {leaders:?}; the broker's log tail:\n{}",
+            "read_committed saw {} of {} records, per partition {seen:?}; partition leaders \
+             {leaders:?}; the partitions' logs:\n{logs}\nthe broker's log tail:\n{}",
             records.len(),
             expected.len(),
             broker.log_tail()

@@ -47,6 +47,7 @@ use super::wait::{poll_until, tail_lines, wait_child};
 mod client;
 mod jvm;
 mod security;
+pub mod segments;
 
 use super::process::Watchdog;
 use client::metadata_client;
@@ -305,6 +306,33 @@ impl KafkaBroker {
                 self.log_tail()
             );
         }
+    }
+
+    /// Every partition of `topic` as the broker wrote it, batch by batch (producer,
+    /// epoch, transactional data, commit and abort markers; see [`segments`]), read
+    /// from its log directory, for failure messages. Empty when the topic has none.
+    pub fn topic_log_summary(&self, topic: &str) -> String {
+        let data = self.dir.path().join("data");
+        let mut partitions: Vec<(i32, std::path::PathBuf)> = std::fs::read_dir(&data)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|entry| {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let partition = name.strip_prefix(topic)?.strip_prefix('-')?.parse().ok()?;
+                Some((partition, entry.path()))
+            })
+            .collect();
+        partitions.sort();
+        let mut out = String::new();
+        for (partition, dir) in partitions {
+            out.push_str(&format!("{topic}-{partition}: "));
+            match segments::partition_batches(&dir) {
+                Ok(batches) => out.push_str(&segments::summarize(&batches)),
+                Err(err) => out.push_str(&format!("reading {}: {err}\n", dir.display())),
+            }
+        }
+        out
     }
 
     /// The last lines the broker printed (stdout and stderr, earlier incarnations
