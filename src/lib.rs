@@ -21,6 +21,7 @@ pub mod config;
 pub mod event;
 pub mod lsn;
 pub mod metrics;
+pub mod ops;
 pub mod pg;
 pub mod relay;
 pub mod sink;

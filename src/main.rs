@@ -187,7 +187,7 @@ fn main() -> ExitCode {
             offline,
             json,
         } => {
-            use outbox_relay::relay::check::{self, Report};
+            use outbox_relay::ops::check::{self, Report};
             let shown = config.display().to_string();
             let settings = match Config::load(&config) {
                 Ok(settings) => settings,
@@ -258,7 +258,7 @@ fn main() -> ExitCode {
                 Ok(loaded) => loaded,
                 Err(code) => return code,
             };
-            match runtime.block_on(outbox_relay::relay::repair::create_slot(
+            match runtime.block_on(outbox_relay::ops::repair::create_slot(
                 &settings, accept_gap,
             )) {
                 Ok(created) => {
@@ -298,7 +298,7 @@ fn main() -> ExitCode {
                 Ok(loaded) => loaded,
                 Err(code) => return code,
             };
-            let script = outbox_relay::relay::admin::init_script(
+            let script = outbox_relay::ops::admin::init_script(
                 &settings,
                 partitioned,
                 &relay_role,
@@ -312,7 +312,7 @@ fn main() -> ExitCode {
                 Ok(admin) => admin.unwrap_or_else(|| settings.connect.clone()),
                 Err(code) => return code,
             };
-            match runtime.block_on(outbox_relay::relay::admin::apply_script(&admin, &script)) {
+            match runtime.block_on(outbox_relay::ops::admin::apply_script(&admin, &script)) {
                 Ok(()) => {
                     eprintln!(
                         "applied the set-up SQL as {:?}; set the passwords of roles {relay_role:?} and {app_role:?} (ALTER ROLE ... PASSWORD)",
@@ -330,7 +330,7 @@ fn main() -> ExitCode {
                 Ok(loaded) => loaded,
                 Err(code) => return code,
             };
-            match runtime.block_on(outbox_relay::relay::admin::slot_status(&settings)) {
+            match runtime.block_on(outbox_relay::ops::admin::slot_status(&settings)) {
                 Ok(status) => {
                     if json {
                         println!("{}", status.to_json());
@@ -353,7 +353,7 @@ fn main() -> ExitCode {
                 Ok(loaded) => loaded,
                 Err(code) => return code,
             };
-            match runtime.block_on(outbox_relay::relay::admin::slot_drop(&settings, forget)) {
+            match runtime.block_on(outbox_relay::ops::admin::slot_drop(&settings, forget)) {
                 Ok(said) => {
                     eprintln!("{said}");
                     ExitCode::SUCCESS
@@ -377,14 +377,14 @@ fn main() -> ExitCode {
                 Ok(admin) => admin,
                 Err(code) => return code,
             };
-            let options = outbox_relay::relay::admin::CleanupOptions {
+            let options = outbox_relay::ops::admin::CleanupOptions {
                 older_than,
                 column,
                 batch: batch.max(1),
                 wait: std::time::Duration::from_secs(wait_seconds),
                 admin,
             };
-            match runtime.block_on(outbox_relay::relay::admin::cleanup(&settings, &options)) {
+            match runtime.block_on(outbox_relay::ops::admin::cleanup(&settings, &options)) {
                 Ok(report) => {
                     eprintln!(
                         "cleanup: deleted {} rows older than {} that the slot has passed{}",
@@ -413,7 +413,7 @@ fn main() -> ExitCode {
                 Ok(loaded) => loaded,
                 Err(code) => return code,
             };
-            match runtime.block_on(outbox_relay::relay::repair::backfill(
+            match runtime.block_on(outbox_relay::ops::repair::backfill(
                 &settings, &since, &column,
             )) {
                 Ok(report) => {

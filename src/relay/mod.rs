@@ -1,10 +1,9 @@
 //! The relay: transaction assembly, routing, acknowledgement, and the pipeline loop that
-//! ties them to the replication connection and a sink.
+//! ties them to the replication connection and a sink; only what runs while streaming.
+//! The operator commands that use these parts live in `ops`, which the relay never names.
 
 pub mod ack;
-pub mod admin;
 pub mod backoff;
-pub mod check;
 pub mod deadletter;
 pub mod feedback;
 pub mod lag;
@@ -12,7 +11,6 @@ pub mod liveness;
 pub mod messages;
 pub mod pipeline;
 pub mod record;
-pub mod repair;
 pub mod router;
 pub mod run;
 pub mod settings;
