@@ -258,9 +258,7 @@ fn main() -> ExitCode {
                 Ok(loaded) => loaded,
                 Err(code) => return code,
             };
-            match runtime.block_on(outbox_relay::ops::repair::create_slot(
-                &settings, accept_gap,
-            )) {
+            match runtime.block_on(outbox_relay::ops::slot::create_slot(&settings, accept_gap)) {
                 Ok(created) => {
                     if created.publication_created {
                         eprintln!(
@@ -298,7 +296,7 @@ fn main() -> ExitCode {
                 Ok(loaded) => loaded,
                 Err(code) => return code,
             };
-            let script = outbox_relay::ops::admin::init_script(
+            let script = outbox_relay::ops::init::init_script(
                 &settings,
                 partitioned,
                 &relay_role,
@@ -312,7 +310,7 @@ fn main() -> ExitCode {
                 Ok(admin) => admin.unwrap_or_else(|| settings.connect.clone()),
                 Err(code) => return code,
             };
-            match runtime.block_on(outbox_relay::ops::admin::apply_script(&admin, &script)) {
+            match runtime.block_on(outbox_relay::ops::init::apply_script(&admin, &script)) {
                 Ok(()) => {
                     eprintln!(
                         "applied the set-up SQL as {:?}; set the passwords of roles {relay_role:?} and {app_role:?} (ALTER ROLE ... PASSWORD)",
@@ -330,7 +328,7 @@ fn main() -> ExitCode {
                 Ok(loaded) => loaded,
                 Err(code) => return code,
             };
-            match runtime.block_on(outbox_relay::ops::admin::slot_status(&settings)) {
+            match runtime.block_on(outbox_relay::ops::slot::slot_status(&settings)) {
                 Ok(status) => {
                     if json {
                         println!("{}", status.to_json());
@@ -353,7 +351,7 @@ fn main() -> ExitCode {
                 Ok(loaded) => loaded,
                 Err(code) => return code,
             };
-            match runtime.block_on(outbox_relay::ops::admin::slot_drop(&settings, forget)) {
+            match runtime.block_on(outbox_relay::ops::slot::slot_drop(&settings, forget)) {
                 Ok(said) => {
                     eprintln!("{said}");
                     ExitCode::SUCCESS
@@ -377,14 +375,14 @@ fn main() -> ExitCode {
                 Ok(admin) => admin,
                 Err(code) => return code,
             };
-            let options = outbox_relay::ops::admin::CleanupOptions {
+            let options = outbox_relay::ops::cleanup::CleanupOptions {
                 older_than,
                 column,
                 batch: batch.max(1),
                 wait: std::time::Duration::from_secs(wait_seconds),
                 admin,
             };
-            match runtime.block_on(outbox_relay::ops::admin::cleanup(&settings, &options)) {
+            match runtime.block_on(outbox_relay::ops::cleanup::cleanup(&settings, &options)) {
                 Ok(report) => {
                     eprintln!(
                         "cleanup: deleted {} rows older than {} that the slot has passed{}",
@@ -413,7 +411,7 @@ fn main() -> ExitCode {
                 Ok(loaded) => loaded,
                 Err(code) => return code,
             };
-            match runtime.block_on(outbox_relay::ops::repair::backfill(
+            match runtime.block_on(outbox_relay::ops::backfill::backfill(
                 &settings, &since, &column,
             )) {
                 Ok(report) => {

@@ -2,12 +2,10 @@
 //! pgoutput decoder and slot/publication management.
 
 pub mod auth;
-pub mod cleanup;
 pub mod config;
 pub mod conn;
 pub mod diagnose;
 pub mod framing;
-pub mod init;
 pub mod pgoutput;
 pub mod pgoutput_reader;
 pub mod pgoutput_values;

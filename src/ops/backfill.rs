@@ -1,6 +1,6 @@
-//! The ways out after events could not be streamed: a new slot that knowingly starts past
-//! a gap (`outbox-relay slot create --accept-gap`), and a backfill that re-sends the
-//! outbox rows still in the table since a given time (`outbox-relay backfill`).
+//! `outbox-relay backfill`: the way out after events could not be streamed (a lost
+//! slot, an outbox that left the publication) is to re-send the outbox rows still in
+//! the table since a given time.
 //!
 //! A backfill is at-least-once like everything else: rows the consumers already have
 //! come again with the same event id, and consumers deduplicate by it. It reads the
@@ -12,103 +12,19 @@ use std::collections::HashSet;
 use tokio::sync::mpsc;
 
 use crate::pg::conn::{PgConnection, SessionKind};
-use crate::pg::diagnose::SetupError;
 use crate::pg::pgoutput::{ColumnValue, RelationBody, RelationColumn, TupleData};
-use crate::pg::slot;
 use crate::pg::sql::{quote_ident, quote_literal};
-use crate::pg::{state, Lsn};
+use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
 use crate::relay::router::EventContext;
 use crate::relay::settings::Settings;
 use crate::relay::RelayError;
 use crate::sink::{RecordTag, SendError, SinkError, SinkNotice, SinkOptions};
 
+use super::definite;
+
 /// Rows fetched per cursor round trip.
 const BACKFILL_BATCH: usize = 1_000;
-
-fn definite(message: impl Into<String>) -> RelayError {
-    RelayError::Setup(Box::new(SetupError::Definite(message.into())))
-}
-
-/// What `slot create` did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CreatedSlot {
-    pub slot: String,
-    pub start: Lsn,
-    /// The lost slot's last acknowledged position and when, if it had streamed.
-    pub gap_from: Option<(Option<Lsn>, Option<String>)>,
-    /// The publication was missing and created first.
-    pub publication_created: bool,
-}
-
-/// Creates the slot. When the record says an earlier slot of that name was streamed
-/// from (so events between its last acknowledged position and now were never relayed),
-/// only with `accept_gap`; the gap is written to the record.
-pub async fn create_slot(settings: &Settings, accept_gap: bool) -> Result<CreatedSlot, RelayError> {
-    let spec = settings.source();
-    let mut conn =
-        PgConnection::connect(&settings.connect, SessionKind::LogicalReplication).await?;
-    let exists = conn
-        .simple_query(&format!(
-            "SELECT confirmed_flush_lsn::text AS lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = {}",
-            quote_literal(&spec.slot)
-        ))
-        .await?;
-    if !exists.rows.is_empty() {
-        return Err(definite(format!(
-            "replication slot {:?} already exists (acknowledged up to {}): there is nothing to create; `outbox-relay run` streams from it",
-            spec.slot,
-            exists.get(0, "lsn").unwrap_or("an unknown position")
-        )));
-    }
-    state::ensure_table(&mut conn, &spec.state_table)
-        .await
-        .map_err(definite)?;
-    let record = state::read(&mut conn, &spec.state_table, &spec.slot).await?;
-    let lost = record.filter(state::SlotRecord::streamed);
-    if let Some(record) = &lost {
-        if !accept_gap {
-            return Err(definite(state::lost_slot_message(
-                &spec.slot,
-                &spec.state_table,
-                record,
-                "--config FILE",
-            )));
-        }
-    }
-    // The publication first: the slot streams what is published from its start on.
-    let publication_created = slot::ensure_publication_for_slot(&mut conn, &spec).await?;
-    let identify = conn.simple_query("IDENTIFY_SYSTEM").await?;
-    let system_id = identify.get(0, "systemid").unwrap_or_default().to_owned();
-    let version_num = slot::server_version_num(&mut conn).await?;
-    let failover = spec.failover && version_num >= slot::FAILOVER_SLOTS_SINCE;
-    let start = slot::create_slot(&mut conn, &spec, &system_id, failover).await?;
-    let gap_from = match lost {
-        Some(record) => {
-            conn.simple_query(&state::gap_sql(
-                &spec.state_table,
-                &spec.slot,
-                record.acknowledged_lsn,
-                start,
-            ))
-            .await?;
-            tracing::warn!(
-                slot = %spec.slot,
-                gap_from = %record.acknowledged_lsn.map_or_else(|| "unknown".to_owned(), |l| l.to_string()),
-                gap_to = %start,
-                "created the slot past a gap, as asked: events committed in the gap were not relayed"
-            );
-            Some((record.acknowledged_lsn, record.acknowledged_at))
-        }
-        None => None,
-    };
-    Ok(CreatedSlot {
-        slot: spec.slot,
-        start,
-        gap_from,
-        publication_created,
-    })
-}
 
 /// What a backfill did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
