@@ -11,7 +11,7 @@ use crate::pg::sql::quote_literal;
 use crate::pg::state;
 use crate::pg::url::ConnectParams;
 
-use super::postgres::{
+use super::facts::{
     ColumnFacts, PgFacts, PublicationFacts, ServerSettings, SlotFacts, StateFacts, TableFacts,
 };
 

@@ -2,7 +2,7 @@
 //! false`): the server can send messages (PostgreSQL 14+), and a messages-only relay's
 //! publication publishes no table. Pure, as the other findings.
 
-use super::postgres::{not_checked, PgFacts};
+use super::facts::{not_checked, PgFacts};
 use super::Finding;
 use crate::pg::slot::{create_publication_sql, SourceSpec, MESSAGES_SINCE};
 use crate::pg::sql::quote_ident;

@@ -18,6 +18,7 @@
 //! and replaced in finished text: a password equal to a user, database or table name
 //! would be starred out of them.
 
+pub mod facts;
 mod gather;
 pub mod kafka;
 mod messages;
@@ -168,7 +169,7 @@ pub async fn live(settings: &Settings, config_hint: &str) -> Vec<Finding> {
     let pg = async {
         match gather::pg_facts(&settings.connect, &spec).await {
             Ok(facts) => {
-                let target = postgres::Target {
+                let target = facts::Target {
                     spec: &spec,
                     columns: settings.router.columns(),
                     additional: settings.router.additional(),

@@ -2,14 +2,16 @@
 //! [`super::gather`]) → findings, each problem with its fix. The wording of the fixes
 //! reuses the relay's own (the `SetupError` messages, the lost-slot message, the
 //! `CREATE PUBLICATION` and state-table statements), so `check` and `run` say the same.
-//! The slot, its WAL and the record table are judged in [`super::slot`].
+//! The slot, its WAL and the record table are judged in [`super::slot`], the
+//! table-less outbox in [`super::messages`]; this module calls them in turn, and they
+//! read the same facts ([`super::facts`]) without calling back.
 
 use crate::pg::diagnose::SetupError;
-use crate::pg::slot::{create_publication_sql, SourceSpec, FAILOVER_SLOTS_SINCE};
+use crate::pg::slot::{create_publication_sql, FAILOVER_SLOTS_SINCE};
 use crate::pg::sql::quote_ident;
-use crate::pg::state::SlotRecord;
-use crate::relay::router::{AdditionalField, Placement, RouterColumns};
+use crate::relay::router::Placement;
 
+use super::facts::{not_checked, ColumnFacts, PgFacts, ServerSettings, TableFacts, Target};
 use super::Finding;
 
 /// Oldest supported PostgreSQL (`server_version_num`).
@@ -27,112 +29,6 @@ const VARCHAR: u32 = 1043;
 const TIMESTAMP: u32 = 1114;
 const TIMESTAMPTZ: u32 = 1184;
 const JSONB: u32 = 3802;
-
-/// Server-wide settings and the role, from one query.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ServerSettings {
-    pub version: String,
-    pub version_num: u32,
-    pub in_recovery: bool,
-    pub wal_level: String,
-    pub max_replication_slots: u32,
-    pub used_replication_slots: u32,
-    pub max_wal_senders: u32,
-    pub active_wal_senders: u32,
-    pub user: String,
-    pub database: String,
-    pub rolreplication: bool,
-    pub superuser: bool,
-    /// CREATE on the database (needed to create the publication).
-    pub may_create_in_database: bool,
-    /// `max_slot_wal_keep_size` in bytes; `None` when unlimited (-1).
-    pub max_slot_wal_keep_size: Option<i64>,
-    /// `synchronized_standby_slots` (PostgreSQL 17+).
-    pub synchronized_standby_slots: Option<String>,
-    /// Privileges of `pg_read_all_stats` (another walsender's `reply_time`) and of
-    /// `pg_signal_backend` (ending it): a standby's takeover from a silent relay.
-    pub reads_all_stats: bool,
-    pub signals_backends: bool,
-}
-
-/// The outbox table.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TableFacts {
-    /// `pg_class.relkind`: `r` table, `p` partitioned table.
-    pub relkind: String,
-    /// The role is (a member of) the owner.
-    pub owned: bool,
-    pub columns: Vec<ColumnFacts>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ColumnFacts {
-    pub name: String,
-    pub type_oid: u32,
-    /// `format_type`, for messages.
-    pub type_name: String,
-    pub not_null: bool,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PublicationFacts {
-    pub inserts: bool,
-    pub via_root: bool,
-    pub all_tables: bool,
-    /// Relations it publishes (`schema.table`), as `pg_publication_tables` lists them.
-    pub tables: Vec<(String, String)>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SlotFacts {
-    pub plugin: Option<String>,
-    pub slot_type: String,
-    pub database: Option<String>,
-    pub wal_status: Option<String>,
-    pub invalidation_reason: Option<String>,
-    pub active_pid: Option<i32>,
-    /// `pg_current_wal_lsn() - restart_lsn`.
-    pub retained_bytes: Option<i64>,
-    pub failover: bool,
-}
-
-/// The relay's record table ([`crate::pg::state`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StateFacts {
-    Exists {
-        may_select: bool,
-        may_insert: bool,
-        may_update: bool,
-        /// The record of the slot (`None` also when it could not be read).
-        record: Option<SlotRecord>,
-    },
-    Missing {
-        schema_exists: bool,
-        may_create: bool,
-    },
-}
-
-/// Everything gathered; a fact whose query failed holds the error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PgFacts {
-    pub server: ServerSettings,
-    /// A `replication=database` session and `IDENTIFY_SYSTEM`, as the relay opens it.
-    pub replication_session: Result<(), String>,
-    pub table: Result<Option<TableFacts>, String>,
-    pub publication: Result<Option<PublicationFacts>, String>,
-    pub slot: Result<Option<SlotFacts>, String>,
-    pub state: Result<StateFacts, String>,
-}
-
-/// What the facts are checked against.
-#[derive(Debug, Clone)]
-pub struct Target<'a> {
-    pub spec: &'a SourceSpec,
-    pub columns: RouterColumns<'a>,
-    pub additional: &'a [AdditionalField],
-    /// `--config FILE`, for the commands the fixes name.
-    pub config_hint: String,
-}
 
 /// Every PostgreSQL finding.
 pub fn findings(facts: &PgFacts, target: &Target<'_>) -> Vec<Finding> {
@@ -156,14 +52,6 @@ pub fn findings(facts: &PgFacts, target: &Target<'_>) -> Vec<Finding> {
     publication(facts, table, target, &mut out);
     super::slot::findings(facts, target, &mut out);
     out
-}
-
-pub(super) fn not_checked(id: &str, error: &str) -> Finding {
-    Finding::problem(
-        id,
-        format!("could not be checked: {error}"),
-        "run the check with the relay's own role against the primary; the error names what is missing",
-    )
 }
 
 fn server(server: &ServerSettings, out: &mut Vec<Finding>) {

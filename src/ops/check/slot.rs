@@ -7,7 +7,7 @@ use crate::pg::slot::FAILOVER_SLOTS_SINCE;
 use crate::pg::sql::{quote_ident, quote_literal};
 use crate::pg::state;
 
-use super::postgres::{not_checked, PgFacts, StateFacts, Target};
+use super::facts::{not_checked, PgFacts, StateFacts, Target};
 use super::Finding;
 
 /// Retained WAL above this share of `max_slot_wal_keep_size` is worth a warning.
