@@ -35,6 +35,16 @@ pub struct BackfillReport {
     pub unroutable: u64,
 }
 
+impl BackfillReport {
+    /// What `backfill --since SINCE` tells the operator.
+    pub fn said(&self, since: &str) -> String {
+        format!(
+            "backfill: {} rows since {since:?} read, {} delivered, {} could not be routed",
+            self.rows, self.delivered, self.unroutable
+        )
+    }
+}
+
 /// Re-sends every row of the outbox whose `column` is at or after `since` (a timestamp
 /// PostgreSQL understands), oldest first, through the configured sink, and waits until
 /// each is delivered.

@@ -22,6 +22,25 @@ pub struct CleanupReport {
     pub cutoff: String,
 }
 
+impl CleanupReport {
+    /// What `cleanup` tells the operator.
+    pub fn said(&self) -> String {
+        format!(
+            "cleanup: deleted {} rows older than {} that the slot has passed{}",
+            self.deleted_rows,
+            self.cutoff,
+            if self.dropped_partitions.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; dropped partitions {}",
+                    self.dropped_partitions.join(", ")
+                )
+            }
+        )
+    }
+}
+
 /// How `cleanup` runs.
 #[derive(Debug, Clone)]
 pub struct CleanupOptions {

@@ -9,23 +9,12 @@ use std::time::Duration;
 use crate::pg::conn::{PgConnection, SessionKind};
 use crate::pg::slot;
 use crate::pg::sql::quote_literal;
-use crate::pg::{state, Lsn};
+use crate::pg::state;
 use crate::relay::settings::Settings;
 use crate::relay::RelayError;
 
 use super::definite;
-use super::slot_status::SlotStatus;
-
-/// What `slot create` did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CreatedSlot {
-    pub slot: String,
-    pub start: Lsn,
-    /// The lost slot's last acknowledged position and when, if it had streamed.
-    pub gap_from: Option<(Option<Lsn>, Option<String>)>,
-    /// The publication was missing and created first.
-    pub publication_created: bool,
-}
+use super::slot_report::{CreatedSlot, SlotStatus};
 
 /// Creates the slot. When the record says an earlier slot of that name was streamed
 /// from (so events between its last acknowledged position and now were never relayed),

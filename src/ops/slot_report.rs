@@ -1,6 +1,50 @@
-//! What `outbox-relay slot status` says: where the slot stands ([`SlotStatus`], read by
-//! `slot::slot_status`), for people or as JSON, and whether the slot is lost
-//! (its exit code). Pure.
+//! What the `outbox-relay slot` commands say, from what `slot.rs` found: where the
+//! slot stands ([`SlotStatus`]), for people or as JSON, and whether it is lost (the
+//! exit code of `slot status`); what `slot create` did ([`CreatedSlot`]) and, past a
+//! gap, the backfill that closes it. Pure.
+
+use std::path::Path;
+
+use crate::pg::Lsn;
+
+/// What `slot create` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedSlot {
+    pub slot: String,
+    pub start: Lsn,
+    /// The lost slot's last acknowledged position and when, if it had streamed.
+    pub gap_from: Option<(Option<Lsn>, Option<String>)>,
+    /// The publication was missing and created first.
+    pub publication_created: bool,
+}
+
+impl CreatedSlot {
+    /// What `slot create` tells the operator, a line each: the publication it created
+    /// first, then the slot and, past a gap, the `backfill` (of the `--config` file
+    /// `config`) that re-sends what the gap skipped.
+    pub fn said(&self, publication: &str, config: &Path) -> Vec<String> {
+        let mut said = Vec::new();
+        if self.publication_created {
+            said.push(format!(
+                "created publication {publication:?} first: a slot streams only what is published from its start on"
+            ));
+        }
+        said.push(match &self.gap_from {
+            Some((lsn, at)) => format!(
+                "created replication slot {:?} at {}; events committed after {} (acknowledged at {}) up to {} were not relayed: re-send them with `outbox-relay backfill --config {} --since '{}'`",
+                self.slot,
+                self.start,
+                lsn.map_or_else(|| "the old slot's start".to_owned(), |l| l.to_string()),
+                at.as_deref().unwrap_or("an unknown time"),
+                self.start,
+                config.display(),
+                at.as_deref().unwrap_or("<time of the last acknowledged event>"),
+            ),
+            None => format!("created replication slot {:?} at {}", self.slot, self.start),
+        });
+        said
+    }
+}
 
 /// Where the slot stands, as `slot status` shows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -157,7 +201,10 @@ fn human_bytes(bytes: i64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::SlotStatus;
+    use std::path::Path;
+
+    use super::{CreatedSlot, SlotStatus};
+    use crate::pg::Lsn;
 
     fn status(
         exists: bool,
@@ -206,5 +253,34 @@ mod tests {
             status(true, Some("lost"), None, true).to_json()["lost"],
             true
         );
+    }
+
+    #[test]
+    fn slot_create_names_the_gap_and_the_backfill_that_closes_it() {
+        let mut created = CreatedSlot {
+            slot: "outbox_relay".into(),
+            start: Lsn(0x1_0000_0060),
+            gap_from: None,
+            publication_created: false,
+        };
+        let config = Path::new("relay.toml");
+        assert_eq!(
+            created.said("outbox_pub", config),
+            ["created replication slot \"outbox_relay\" at 1/60"]
+        );
+        created.publication_created = true;
+        created.gap_from = Some((Some(Lsn(0x50)), Some("2026-12-01 09:00:00+00".into())));
+        let said = created.said("outbox_pub", config);
+        assert_eq!(said.len(), 2);
+        assert!(said[0].starts_with("created publication \"outbox_pub\" first"));
+        assert!(
+            said[1].contains("events committed after 0/50 (acknowledged at 2026-12-01 09:00:00+00) up to 1/60 were not relayed: re-send them with `outbox-relay backfill --config relay.toml --since '2026-12-01 09:00:00+00'`"),
+            "{}",
+            said[1]
+        );
+        created.gap_from = Some((None, None));
+        assert!(created.said("outbox_pub", config)[1].contains(
+            "after the old slot's start (acknowledged at an unknown time) up to 1/60 were not relayed: re-send them with `outbox-relay backfill --config relay.toml --since '<time of the last acknowledged event>'`"
+        ));
     }
 }
