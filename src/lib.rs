@@ -12,7 +12,9 @@
 //! ```
 //!
 //! Pure parts (decoder, router, ack tracker) take values and return values; the I/O
-//! parts (`pg::conn`, `relay::pipeline`, `sink`) are thin.
+//! parts (`pg::conn`, `relay::pipeline`, `sink`) are thin. The operator commands beside
+//! `run` (check, init, slot, cleanup, backfill) are [`ops`], which uses the relay and
+//! which nothing that streams uses.
 #![forbid(unsafe_code)]
 
 pub use lsn::Lsn;
