@@ -18,7 +18,7 @@
 //! ```
 
 use crate::pg::conn::{DbError, PgConnection, PgError, SessionKind};
-use crate::pg::slot::SourceSpec;
+use crate::pg::source::SourceSpec;
 use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
 use crate::pg::url::ConnectParams;
 

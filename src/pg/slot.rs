@@ -7,26 +7,10 @@ use std::time::Duration;
 
 use crate::pg::conn::{PgConnection, PgError, QueryResult};
 pub use crate::pg::diagnose::SetupError;
-use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
+pub use crate::pg::source::SourceSpec;
+use crate::pg::sql::{quote_ident, quote_literal};
 use crate::pg::state;
 use crate::Lsn;
-
-/// What the relay needs on the source.
-#[derive(Debug, Clone)]
-pub struct SourceSpec {
-    pub slot: String,
-    pub publication: String,
-    pub table: QualifiedName,
-    /// Where the relay records its slot ([`crate::pg::state`]).
-    pub state_table: QualifiedName,
-    /// Make the slot a failover slot where the server supports it (PostgreSQL 17+).
-    pub failover: bool,
-    /// The outbox table is relayed; `false`: a table-less deployment (messages only),
-    /// whose publication publishes no table.
-    pub outbox: bool,
-    /// Ask pgoutput for logical decoding messages (`messages 'true'`, PostgreSQL 14+).
-    pub messages: bool,
-}
 
 /// PostgreSQL 14 (`server_version_num`) brought pgoutput's `messages` option.
 pub const MESSAGES_SINCE: u32 = 140_000;
@@ -543,6 +527,7 @@ pub fn parse_pg_duration(text: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pg::sql::QualifiedName;
 
     #[test]
     fn start_command_quotes_names() {
