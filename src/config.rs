@@ -373,14 +373,18 @@ mod tests {
     fn the_environment_key_table_matches_the_structs() {
         let sections: std::collections::BTreeSet<String> =
             env::KEYS.iter().map(|(name, _)| name.to_string()).collect();
-        assert_eq!(sections, fields(None), "sections in config/env.rs KEYS");
+        assert_eq!(
+            sections,
+            fields(None),
+            "sections in config/env/keys.rs KEYS"
+        );
         for (section, keys) in env::KEYS {
             let keys: std::collections::BTreeSet<String> =
                 keys.iter().map(|(key, _)| key.to_string()).collect();
             assert_eq!(
                 keys,
                 fields(Some(section)),
-                "keys of [{section}] in config/env.rs KEYS: a key added to a section's struct needs its line there (with its kind)"
+                "keys of [{section}] in config/env/keys.rs KEYS: a key added to a section's struct needs its line there (with its kind)"
             );
         }
     }
