@@ -8,18 +8,24 @@
 //! Names are constants so the renderer and the tests share them; the unit test below
 //! pins their spelling, which dashboards and alerts depend on (docs/configuration.md
 //! lists them).
+//!
+//! This file is the registry ([`Metrics`], the names, health); `metrics/render.rs`
+//! writes the text exposition, `metrics/serve.rs` answers HTTP, and `histogram.rs`,
+//! `age.rs` and `labels.rs` hold the value types the registry is made of.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-
 mod age;
+mod histogram;
 mod labels;
+mod render;
+mod serve;
 
 pub use age::{AgeWriter, CarriedAge};
+pub use histogram::{Histogram, LATENCY_BUCKETS};
 pub use labels::{TopicCounts, MAX_TOPIC_LABELS, OTHER_TOPICS};
+pub use serve::serve;
 
 pub const EVENTS_TOTAL: &str = "outbox_relay_events_total";
 pub const DEAD_LETTERED_TOTAL: &str = "outbox_relay_dead_lettered_total";
@@ -44,12 +50,6 @@ pub const MESSAGES_TOTAL: &str = "outbox_relay_messages_total";
 pub const MESSAGES_REFUSED_TOTAL: &str = "outbox_relay_messages_refused_total";
 pub const MESSAGES_IGNORED_TOTAL: &str = "outbox_relay_messages_ignored_total";
 pub const TOPIC_DEAD_LETTERED_TOTAL: &str = "outbox_relay_topic_dead_lettered_total";
-
-/// Upper bounds (seconds) of the commit-to-delivery histogram's buckets: from a few
-/// milliseconds (a relay keeping up) to minutes (a broker outage).
-pub const LATENCY_BUCKETS: [f64; 14] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-];
 
 /// `[metrics]`: where to serve them.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -118,46 +118,6 @@ pub struct Metrics {
     pub health: Health,
 }
 
-/// A Prometheus histogram with fixed buckets ([`LATENCY_BUCKETS`]).
-#[derive(Debug, Default)]
-pub struct Histogram {
-    /// Observations at or below each bound (not cumulative; summed when rendered).
-    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    count: AtomicU64,
-    /// Sum of observations, in microseconds.
-    sum_micros: AtomicU64,
-}
-
-impl Histogram {
-    pub fn observe(&self, seconds: f64) {
-        let seconds = if seconds.is_finite() {
-            seconds.max(0.0)
-        } else {
-            0.0
-        };
-        if let Some(i) = LATENCY_BUCKETS.iter().position(|bound| seconds <= *bound) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        // Whole microseconds: precise enough for a sum of latencies.
-        let micros = (seconds * 1e6).min(u64::MAX as f64) as u64;
-        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
-    }
-
-    fn render(&self, name: &str, help: &str, out: &mut String) {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
-        let mut cumulative = 0;
-        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
-            out.push_str(&format!("{name}_bucket{{le=\"{bound}\"}} {cumulative}\n"));
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        out.push_str(&format!("{name}_bucket{{le=\"+Inf\"}} {count}\n"));
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        out.push_str(&format!("{name}_sum {sum}\n{name}_count {count}\n"));
-    }
-}
-
 /// What `/healthz` and `/readyz` answer from, set by the pipeline.
 #[derive(Debug, Default)]
 pub struct Health {
@@ -222,366 +182,11 @@ impl Metrics {
     pub fn set(gauge: &AtomicU64, value: u64) {
         gauge.store(value, Ordering::Relaxed);
     }
-
-    /// The Prometheus text exposition of every metric, ages as of now.
-    pub fn render(&self) -> String {
-        self.render_at(unix_ms_now())
-    }
-
-    /// The Prometheus text exposition of every metric, ages as of `now_unix_ms`.
-    pub fn render_at(&self, now_unix_ms: u64) -> String {
-        let mut out = String::with_capacity(1024);
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        for (name, kind, help, value) in [
-            (
-                EVENTS_TOTAL,
-                "counter",
-                "Outbox events handed to the sink.",
-                get(&self.events),
-            ),
-            (
-                DEAD_LETTERED_TOTAL,
-                "counter",
-                "Events sent to the dead-letter topic.",
-                get(&self.dead_lettered),
-            ),
-            (
-                TRANSACTIONS_TOTAL,
-                "counter",
-                "Committed transactions received.",
-                get(&self.transactions),
-            ),
-            (
-                MESSAGES_TOTAL,
-                "counter",
-                "Logical decoding messages of relayed prefixes (the table-less outbox), each a record or a dead letter.",
-                get(&self.messages),
-            ),
-            (
-                MESSAGES_REFUSED_TOTAL,
-                "counter",
-                "Non-transactional messages of relayed prefixes refused (messages.non_transactional = refuse).",
-                get(&self.messages_refused),
-            ),
-            (
-                MESSAGES_IGNORED_TOTAL,
-                "counter",
-                "Logical decoding messages whose prefix is not relayed.",
-                get(&self.messages_ignored),
-            ),
-            (
-                RESTARTS_TOTAL,
-                "counter",
-                "Pipeline restarts after retryable errors.",
-                get(&self.restarts),
-            ),
-            (
-                KAFKA_TRANSACTIONS_TOTAL,
-                "counter",
-                "Kafka transactions committed (exactly_once).",
-                get(&self.kafka_transactions),
-            ),
-            (
-                SKIPPED_COMMITTED_TOTAL,
-                "counter",
-                "Replayed events skipped because the exactly-once checkpoint shows them committed in Kafka.",
-                get(&self.skipped_committed),
-            ),
-            (
-                SKIPPED_RECORDED_TOTAL,
-                "counter",
-                "Replayed events skipped because the relay's record in its state table, or its memory of its previous session, shows them delivered (the slot rewound, e.g. after a PostgreSQL restart).",
-                get(&self.skipped_recorded),
-            ),
-            (
-                TAKEOVERS_TOTAL,
-                "counter",
-                "Walsenders of a silent relay this standby ended to take the slot over.",
-                get(&self.takeovers),
-            ),
-            (
-                IN_FLIGHT,
-                "gauge",
-                "Events handed to the sink and not yet confirmed.",
-                get(&self.in_flight),
-            ),
-            (
-                IN_FLIGHT_BYTES,
-                "gauge",
-                "Bytes (record key, value and headers) of the events handed to the sink and not yet confirmed.",
-                get(&self.in_flight_bytes),
-            ),
-            (
-                FLUSH_LSN,
-                "gauge",
-                "Position acknowledged to PostgreSQL (flush LSN, as a number).",
-                get(&self.flush_lsn),
-            ),
-            (
-                RECEIVED_LSN,
-                "gauge",
-                "Last progress position received from PostgreSQL.",
-                get(&self.received_lsn),
-            ),
-            (
-                LAST_STATUS_UNIX_SECONDS,
-                "gauge",
-                "When the last status update was sent to PostgreSQL.",
-                get(&self.last_status_unix_seconds),
-            ),
-            (
-                OLDEST_UNDELIVERED_SECONDS,
-                "gauge",
-                "How long the oldest event handed to the sink has waited for its confirmation (0 when none waits); one stuck partition shows here.",
-                self.oldest_undelivered.age_ms_at(now_unix_ms) / 1000,
-            ),
-            (
-                REPLICATION_LAG_BYTES,
-                "gauge",
-                "WAL received from PostgreSQL and not yet acknowledged (received - flush position); the slot retains at least this much.",
-                get(&self.replication_lag_bytes),
-            ),
-            (
-                STREAMING,
-                "gauge",
-                "1 while streaming from the slot (a standby waiting for the slot shows 0).",
-                get(&self.health.streaming),
-            ),
-        ] {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-            ));
-        }
-        let lag = self.oldest_unacknowledged_commit.age_ms_at(now_unix_ms) as f64 / 1000.0;
-        out.push_str(&format!(
-            "# HELP {REPLICATION_LAG_SECONDS} Age, by its commit time on PostgreSQL, of the oldest transaction not yet acknowledged (0 when all are).\n# TYPE {REPLICATION_LAG_SECONDS} gauge\n{REPLICATION_LAG_SECONDS} {lag}\n"
-        ));
-        self.delivery_latency.render(
-            DELIVERY_LATENCY_SECONDS,
-            "Time from an event's commit on PostgreSQL to its delivery confirmation.",
-            &mut out,
-        );
-        for (name, help, counts) in [
-            (
-                TOPIC_DELIVERED_TOTAL,
-                "Records confirmed by the sink, per topic (the first 100 topics; later ones under topic=\"_other\").",
-                &self.delivered_by_topic,
-            ),
-            (
-                TOPIC_DEAD_LETTERED_TOTAL,
-                "Events sent to the dead-letter topic, per the topic they were routed to (empty when routing failed; the first 100 topics, later ones under topic=\"_other\").",
-                &self.dead_lettered_by_topic,
-            ),
-        ] {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n"));
-            for (topic, count) in counts.snapshot() {
-                out.push_str(&format!(
-                    "{name}{{topic=\"{}\"}} {count}\n",
-                    escape_label(&topic)
-                ));
-            }
-        }
-        out
-    }
-}
-
-/// A label value in Prometheus' text format: backslash, double quote and newline escaped.
-fn escape_label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-/// Serve `GET /metrics`, `GET /healthz` and `GET /readyz` on `listener` until the task
-/// is dropped. Anything else gets 404.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            // Out of file descriptors or similar: do not spin.
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            continue;
-        };
-        let metrics = Arc::clone(&metrics);
-        tokio::spawn(async move {
-            let mut request = [0u8; 1024];
-            let n = match tokio::time::timeout(
-                std::time::Duration::from_secs(5),
-                stream.read(&mut request),
-            )
-            .await
-            {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
-            let head = String::from_utf8_lossy(&request[..n]);
-            let path = head
-                .strip_prefix("GET ")
-                .and_then(|rest| rest.split([' ', '\r']).next())
-                .unwrap_or("");
-            let health = || metrics.health_at(unix_ms_now());
-            let response = match path {
-                "/metrics" => {
-                    let body = metrics.render();
-                    format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    )
-                }
-                "/healthz" => status_response(
-                    health().alive,
-                    "alive\n",
-                    "the relay's loop stopped turning\n",
-                ),
-                "/readyz" => {
-                    let health = health();
-                    let role = if health.streaming {
-                        "streaming\n"
-                    } else {
-                        "standby\n"
-                    };
-                    status_response(health.ready, role, NOT_READY)
-                }
-                "/streamingz" => {
-                    let health = health();
-                    status_response(
-                        health.ready && health.streaming,
-                        "streaming\n",
-                        if health.ready {
-                            "standby: another relay streams from the slot\n"
-                        } else {
-                            NOT_READY
-                        },
-                    )
-                }
-                _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-                    .to_owned(),
-            };
-            let _ = stream.write_all(response.as_bytes()).await;
-            let _ = stream.shutdown().await;
-        });
-    }
-}
-
-/// 200 with `ok`, or 503 with `not_ok`.
-/// Why `/readyz` answers 503.
-const NOT_READY: &str = "not ready: PostgreSQL unreachable (or the slot not yet tried), the loop stopped turning, or the sink has not confirmed deliveries for too long\n";
-
-fn status_response(good: bool, ok: &str, not_ok: &str) -> String {
-    let (status, body) = if good {
-        ("200 OK", ok)
-    } else {
-        ("503 Service Unavailable", not_ok)
-    };
-    format!(
-        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn renders_every_metric_in_prometheus_text_format() {
-        let metrics = Metrics::new();
-        Metrics::add(&metrics.events, 3);
-        Metrics::set(&metrics.flush_lsn, 0x1_0000_0000);
-        Metrics::set(&metrics.in_flight_bytes, 4096);
-        let text = metrics.render();
-        assert!(
-            text.contains(&format!(
-                "# TYPE {EVENTS_TOTAL} counter\n{EVENTS_TOTAL} 3\n"
-            )),
-            "{text}"
-        );
-        assert!(
-            text.contains(&format!("{FLUSH_LSN} 4294967296\n")),
-            "{text}"
-        );
-        assert!(
-            text.contains(&format!(
-                "# TYPE {IN_FLIGHT_BYTES} gauge\n{IN_FLIGHT_BYTES} 4096\n"
-            )),
-            "{text}"
-        );
-        // 19 plain series, the lag, the histogram (14 buckets, +Inf, sum, count); no
-        // per-topic series before any delivery.
-        assert_eq!(
-            text.lines().filter(|l| !l.starts_with('#')).count(),
-            19 + 1 + 17
-        );
-    }
-
-    #[test]
-    fn ages_are_computed_when_rendered_not_when_last_updated() {
-        let metrics = Metrics::new();
-        AgeWriter::new(&metrics.oldest_undelivered).update(
-            &metrics.oldest_undelivered,
-            Some(1_000),
-            0,
-            0,
-        );
-        AgeWriter::new(&metrics.oldest_unacknowledged_commit).update(
-            &metrics.oldest_unacknowledged_commit,
-            Some(500),
-            0,
-            0,
-        );
-        // No writer ran since: the ages still grow with the clock.
-        for (now, waited, lag) in [(2_000, 1, 1.5), (23_500, 22, 23.0)] {
-            let text = metrics.render_at(now);
-            assert!(
-                text.contains(&format!("\n{OLDEST_UNDELIVERED_SECONDS} {waited}\n")),
-                "{text}"
-            );
-            assert!(
-                text.contains(&format!("\n{REPLICATION_LAG_SECONDS} {lag}\n")),
-                "{text}"
-            );
-        }
-    }
-
-    #[test]
-    fn the_latency_histogram_is_cumulative() {
-        let histogram = Histogram::default();
-        for seconds in [0.001, 0.02, 0.02, 7.0, 1e9, -1.0, f64::NAN] {
-            histogram.observe(seconds);
-        }
-        let mut text = String::new();
-        histogram.render("h", "help", &mut text);
-        for line in [
-            "h_bucket{le=\"0.005\"} 3\n",
-            "h_bucket{le=\"0.025\"} 5\n",
-            "h_bucket{le=\"5\"} 5\n",
-            "h_bucket{le=\"10\"} 6\n",
-            "h_bucket{le=\"300\"} 6\n",
-            "h_bucket{le=\"+Inf\"} 7\n",
-            "h_count 7\n",
-        ] {
-            assert!(text.contains(line), "{line} in {text}");
-        }
-    }
-
-    #[test]
-    fn per_topic_counts_are_labelled_and_escaped() {
-        let metrics = Metrics::new();
-        metrics.delivered_by_topic.add("orders", 2);
-        metrics.delivered_by_topic.add("orders", 3);
-        metrics.dead_lettered_by_topic.add("we\"ird", 1);
-        let text = metrics.render();
-        assert!(
-            text.contains(&format!("{TOPIC_DELIVERED_TOTAL}{{topic=\"orders\"}} 5\n")),
-            "{text}"
-        );
-        assert!(
-            text.contains(&format!(
-                "{TOPIC_DEAD_LETTERED_TOTAL}{{topic=\"we\\\"ird\"}} 1\n"
-            )),
-            "{text}"
-        );
-    }
 
     #[test]
     fn health_follows_streaming_the_loop_and_the_sink() {
@@ -684,32 +289,5 @@ mod tests {
                 "outbox_relay_topic_dead_lettered_total counter",
             ]
         );
-    }
-
-    #[tokio::test]
-    async fn serves_metrics_over_http_and_404_otherwise() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let metrics = Metrics::new();
-        Metrics::add(&metrics.events, 7);
-        let server = tokio::spawn(serve(listener, metrics));
-        let get = |path: &'static str| async move {
-            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-            stream
-                .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
-                .await
-                .unwrap();
-            let mut response = String::new();
-            stream.read_to_string(&mut response).await.unwrap();
-            response
-        };
-        let ok = get("/metrics").await;
-        assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
-        assert!(ok.contains(&format!("{EVENTS_TOTAL} 7")), "{ok}");
-        assert!(get("/other").await.starts_with("HTTP/1.1 404"));
-        assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
-        let not_ready = get("/readyz").await;
-        assert!(not_ready.starts_with("HTTP/1.1 503"), "{not_ready}");
-        server.abort();
     }
 }

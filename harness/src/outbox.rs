@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use super::pg::PgCluster;
 use super::pg::PgOptions;
+// Reads the relay's own endpoint, so it lives with the relay process; named here too,
+// where the tests import it.
+pub use super::relay::metric;
 use super::relay::RelayProcess;
 
 /// The default outbox table of the product (Debezium's shape).
@@ -182,22 +185,6 @@ pub fn free_port() -> u16 {
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
         .expect("binding 127.0.0.1:0")
-}
-
-/// One value of the relay's Prometheus metrics on `127.0.0.1:port`, `None` while the
-/// endpoint does not answer or lacks the metric.
-pub fn metric(port: u16, name: &str) -> Option<u64> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\n\r\n")
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    response
-        .lines()
-        .find_map(|line| line.strip_prefix(&format!("{name} ")))
-        .and_then(|value| value.trim().parse().ok())
 }
 
 /// The PID of the walsender streaming from the test slot, if any.

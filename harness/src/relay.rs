@@ -18,7 +18,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use postgres::{Client, NoTls};
 use tempfile::TempDir;
 
-use super::outbox::metric;
 use super::process::ChildProcess;
 use super::wait::poll_until;
 
@@ -196,6 +195,22 @@ impl Deref for RelayProcess {
     fn deref(&self) -> &ChildProcess {
         &self.process
     }
+}
+
+/// One value of the relay's Prometheus metrics on `127.0.0.1:port`, `None` while the
+/// endpoint does not answer or lacks the metric.
+pub fn metric(port: u16, name: &str) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .and_then(|value| value.trim().parse().ok())
 }
 
 /// Runs `outbox-relay <args> --config <file with config_toml>` to its end (a one-shot

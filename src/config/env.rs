@@ -21,105 +21,17 @@
 //! - A variable with the prefix that names no key is an error naming the variable, as
 //!   an unknown key in the file is.
 //!
-//! [`apply`] is pure: it takes the tree and the variables, and returns what it set.
+//! [`apply`] is pure: it takes the tree and the variables, and returns what it set. The
+//! keys it knows and their kinds are the table [`KEYS`] in `env/keys.rs`.
+
+mod keys;
 
 use toml::{Table, Value};
 
+pub use keys::{Kind, KEYS};
+
 /// Every override variable starts with this.
 pub const PREFIX: &str = "OUTBOX_RELAY__";
-
-/// How a key's value is read from the environment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Str,
-    Int,
-    Bool,
-    /// A list of strings.
-    List,
-    /// A table of librdkafka properties: one more path part, the property name.
-    Properties,
-}
-
-/// Every key of every section, with its kind. `tests::the_key_table_matches_the_structs`
-/// compares it with what the sections' serde structs accept: a key added to a struct
-/// must be added here.
-pub const KEYS: &[(&str, &[(&str, Kind)])] = &[
-    (
-        "postgres",
-        &[
-            ("url", Kind::Str),
-            ("password", Kind::Str),
-            ("password_file", Kind::Str),
-            ("slot", Kind::Str),
-            ("publication", Kind::Str),
-            ("status_interval_ms", Kind::Int),
-            ("receive_timeout_ms", Kind::Int),
-            ("takeover_silence_ms", Kind::Int),
-            ("state_table", Kind::Str),
-            ("failover_slot", Kind::Bool),
-        ],
-    ),
-    (
-        "outbox",
-        &[
-            ("enabled", Kind::Bool),
-            ("table", Kind::Str),
-            ("id_column", Kind::Str),
-            ("key_column", Kind::Str),
-            ("route_by_column", Kind::Str),
-            ("type_column", Kind::Str),
-            ("payload_column", Kind::Str),
-            ("timestamp_column", Kind::Str),
-            ("topic", Kind::Str),
-            ("topic_regex", Kind::Str),
-            ("additional", Kind::List),
-            ("tombstone_on_empty_payload", Kind::Bool),
-        ],
-    ),
-    ("sink", &[("type", Kind::Str)]),
-    (
-        "kafka",
-        &[
-            ("brokers", Kind::Str),
-            ("create_topics", Kind::Bool),
-            ("topic_partitions", Kind::Int),
-            ("topic_replication_factor", Kind::Int),
-            ("properties", Kind::Properties),
-            ("property_files", Kind::Properties),
-            ("exactly_once", Kind::Bool),
-            ("transactional_id", Kind::Str),
-            ("offsets_topic", Kind::Str),
-            ("transaction_ms", Kind::Int),
-            ("transaction_max_events", Kind::Int),
-            ("transaction_max_bytes", Kind::Int),
-        ],
-    ),
-    ("dead_letter", &[("topic", Kind::Str)]),
-    (
-        "relay",
-        &[
-            ("max_in_flight", Kind::Int),
-            ("max_in_flight_bytes", Kind::Int),
-            ("shutdown_timeout_ms", Kind::Int),
-            ("stall_release_ms", Kind::Int),
-        ],
-    ),
-    ("metrics", &[("listen", Kind::Str)]),
-    (
-        "messages",
-        &[
-            ("enabled", Kind::Bool),
-            ("prefixes", Kind::List),
-            ("topics", Kind::List),
-            ("prefix_regex", Kind::Str),
-            ("topic", Kind::Str),
-            ("envelope", Kind::Str),
-            ("key", Kind::Str),
-            ("non_transactional", Kind::Str),
-            ("max_bytes", Kind::Int),
-        ],
-    ),
-];
 
 /// One key set from the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]

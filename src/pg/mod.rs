@@ -12,6 +12,7 @@ pub mod pgoutput_values;
 pub mod publication;
 pub mod replication;
 pub mod slot;
+pub mod source;
 pub mod sql;
 pub mod state;
 pub mod tls;

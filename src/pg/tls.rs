@@ -30,30 +30,33 @@
 //! Common Name, which RFC 6125 deprecates; every managed PostgreSQL's certificates
 //! carry SANs). SCRAM channel binding is not implemented: the client sends the gs2
 //! flag 'n' (does not support binding), which PostgreSQL accepts over TLS.
+//!
+//! This file turns the URL's settings into a configuration ([`TlsParams::load`]) and
+//! holds [`TlsError`]; `tls/ssl_request.rs` is the plaintext exchange before TLS,
+//! `tls/verify.rs` the handshake and the certificate verifier, `tls/files.rs` the
+//! certificate and key files, `tls/stream.rs` the session's byte stream.
 
 mod files;
+mod ssl_request;
 mod stream;
+mod verify;
 
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::{verify_server_cert_signed_by_trust_anchor, verify_server_name};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::server::ParsedCertificate;
-use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ClientConfig;
 use tokio_rustls::TlsConnector;
 
 use files::{
     certificates_from_file, home_postgresql_dir, key_from_file, roots_from_file, system_roots,
 };
+pub use ssl_request::{parse_ssl_response, request_ssl, SslResponse};
 pub use stream::PgStream;
+pub use verify::HandshakeError;
+use verify::PgCertVerifier;
 
 /// `sslmode`: whether and how to use TLS (libpq's values and meanings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -341,239 +344,9 @@ impl TlsParams {
     }
 }
 
-/// The verifier for every mode: the chain against `roots` when there are roots
-/// (allow/prefer/require with a root certificate, verify-ca, verify-full), the host
-/// name only for verify-full, and always the handshake signature (the server holds
-/// the key of the certificate it presented).
-#[derive(Debug)]
-struct PgCertVerifier {
-    roots: Option<Arc<RootCertStore>>,
-    check_host_name: bool,
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for PgCertVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let Some(roots) = &self.roots else {
-            return Ok(ServerCertVerified::assertion());
-        };
-        let cert = ParsedCertificate::try_from(end_entity)?;
-        verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            roots,
-            intermediates,
-            now,
-            self.algorithms.all,
-        )?;
-        if self.check_host_name {
-            verify_server_name(&cert, server_name)?;
-        }
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
-
-/// The server's answer to SSLRequest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslResponse {
-    /// 'S': go on with the TLS handshake.
-    Accepted,
-    /// 'N': the server does not do TLS; the session goes on in plaintext.
-    Refused,
-    /// 'E': an ErrorResponse (e.g. the server could not start a session); the bytes
-    /// are its start, to be read as the session's error as libpq does.
-    Error,
-}
-
-/// Decides on everything the server sent in reply to SSLRequest (pure). Anything after
-/// the one response byte is refused: after 'S' it would be taken as if it came over
-/// TLS (CVE-2021-23222); after 'N' the server must wait for our startup message.
-pub fn parse_ssl_response(received: &[u8]) -> Result<SslResponse, TlsError> {
-    match received {
-        [b'S'] => Ok(SslResponse::Accepted),
-        [b'S', ..] => Err(TlsError::UnencryptedDataAfterResponse),
-        [b'N'] => Ok(SslResponse::Refused),
-        [b'N', ..] => Err(TlsError::BadSslResponse {
-            detail: format!(
-                "{} more bytes after 'N', before our startup message",
-                received.len() - 1
-            ),
-        }),
-        [b'E', ..] => Ok(SslResponse::Error),
-        [byte, ..] => Err(TlsError::BadSslResponse {
-            detail: format!("byte 0x{byte:02x}, expected 'S' or 'N'"),
-        }),
-        [] => Err(TlsError::BadSslResponse {
-            detail: "no response".into(),
-        }),
-    }
-}
-
-/// Sends SSLRequest and reads the answer. `Ok(None)` when the server closed the
-/// connection instead of answering.
-pub async fn request_ssl(tcp: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
-    let mut request = bytes::BytesMut::with_capacity(8);
-    postgres_protocol::message::frontend::ssl_request(&mut request);
-    tcp.write_all(&request).await?;
-    // One read: a well-behaved server sends exactly one byte and then waits for us. More
-    // bytes in the same read are what CVE-2021-23222 is about.
-    let mut answer = [0u8; 64];
-    let n = tcp.read(&mut answer).await?;
-    Ok((n > 0).then(|| answer.get(..n).unwrap_or_default().to_vec()))
-}
-
-impl TlsSetup {
-    /// The TLS handshake with `host` (the name verify-full checks, and the SNI when it
-    /// is a DNS name).
-    pub async fn handshake(
-        &self,
-        tcp: TcpStream,
-        host: &str,
-    ) -> Result<TlsStream<TcpStream>, HandshakeError> {
-        let connector = self.connector.as_ref().ok_or_else(|| {
-            HandshakeError::Tls(TlsError::Handshake {
-                detail: "sslmode=disable has no TLS configuration".into(),
-            })
-        })?;
-        let server_name = ServerName::try_from(host.to_owned()).map_err(|e| {
-            HandshakeError::Tls(TlsError::BadHostName {
-                host: host.to_owned(),
-                reason: e.to_string(),
-            })
-        })?;
-        connector
-            .connect(server_name, tcp)
-            .await
-            .map_err(|error| self.classify(error, host))
-    }
-
-    /// A TLS failure as a [`TlsError`] that says what to fix; an I/O error that is not
-    /// about TLS stays an I/O error (a reset connection is worth a retry).
-    pub fn classify(&self, error: io::Error, host: &str) -> HandshakeError {
-        let Some(tls) = error
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        else {
-            return HandshakeError::Io(error);
-        };
-        HandshakeError::Tls(match tls {
-            rustls::Error::InvalidCertificate(cert_error) => match cert_error {
-                CertificateError::UnknownIssuer => TlsError::Untrusted {
-                    roots: self.roots.clone(),
-                    detail: "it is not signed by a CA in".into(),
-                },
-                CertificateError::BadSignature => TlsError::Untrusted {
-                    roots: self.roots.clone(),
-                    detail: "its signature does not verify with the CAs in".into(),
-                },
-                CertificateError::NotValidForNameContext { presented, .. } => {
-                    TlsError::NameMismatch {
-                        host: host.to_owned(),
-                        presented: if presented.is_empty() {
-                            "no name (it has no subjectAltName)".into()
-                        } else {
-                            presented
-                                .iter()
-                                .map(|name| presented_name(name))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        },
-                    }
-                }
-                CertificateError::NotValidForName => TlsError::NameMismatch {
-                    host: host.to_owned(),
-                    presented: "other names".into(),
-                },
-                other => TlsError::BadCertificate {
-                    detail: other.to_string(),
-                },
-            },
-            rustls::Error::AlertReceived(alert) => TlsError::Refused {
-                detail: format!("it sent the alert {alert:?}"),
-            },
-            other => TlsError::Handshake {
-                detail: other.to_string(),
-            },
-        })
-    }
-}
-
-/// A subjectAltName as webpki reports it (`DnsName("db.example.com")`,
-/// `IpAddress(10.0.0.1)`), as the name alone.
-fn presented_name(reported: &str) -> &str {
-    reported
-        .split_once('(')
-        .and_then(|(_, rest)| rest.strip_suffix(')'))
-        .map(|inner| inner.trim_matches('"'))
-        .unwrap_or(reported)
-}
-
-/// A failed handshake: about TLS, or the connection itself.
-#[derive(Debug)]
-pub enum HandshakeError {
-    Tls(TlsError),
-    Io(io::Error),
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ssl_response_is_one_byte_and_nothing_after_it() {
-        assert_eq!(parse_ssl_response(b"S").unwrap(), SslResponse::Accepted);
-        assert_eq!(parse_ssl_response(b"N").unwrap(), SslResponse::Refused);
-        assert_eq!(
-            parse_ssl_response(b"E\0\0\0\x10SFATAL").unwrap(),
-            SslResponse::Error
-        );
-        for injected in [&b"SR\0\0\0\x08\0\0\0\0"[..], b"SS"] {
-            let err = parse_ssl_response(injected).unwrap_err().to_string();
-            assert!(err.contains("CVE-2021-23222"), "{err}");
-        }
-        let err = parse_ssl_response(b"NZ").unwrap_err().to_string();
-        assert!(err.contains("1 more bytes after 'N'"), "{err}");
-        let err = parse_ssl_response(b"HTTP/1.1").unwrap_err().to_string();
-        assert!(err.contains("0x48"), "{err}");
-    }
-
-    #[test]
-    fn presented_names_are_shown_bare() {
-        assert_eq!(
-            presented_name("DnsName(\"db.example.com\")"),
-            "db.example.com"
-        );
-        assert_eq!(presented_name("IpAddress(10.0.0.1)"), "10.0.0.1");
-        assert_eq!(presented_name("db.example.com"), "db.example.com");
-    }
 
     #[test]
     fn modes_parse_as_libpq_spells_them() {
