@@ -32,7 +32,7 @@
 //! headers as handed to the sink), so the tracker knows the bytes in flight as well as
 //! the events: [`AckTracker::has_room`] is the pipeline's backpressure test on both.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::event::{Ticket, TxnSeq};
@@ -79,12 +79,25 @@ pub struct AckTracker {
     /// The highest position the outbox watch vouched for (no bound until
     /// [`AckTracker::cap_at`] sets one).
     vouched: Lsn,
-    /// Send time and size of every undelivered event, by ticket serial (= send order).
-    outstanding: BTreeMap<u64, (Instant, u64)>,
-    next_serial: u64,
-    /// The sum of the sizes in `outstanding`.
+    /// Send time and size of the events from the oldest undelivered one on, by ticket
+    /// serial (= send order): `sent[i]` is the event of serial `first_serial + i`,
+    /// `None` once delivered. Delivered events leave the front as soon as every earlier
+    /// one did, so the front is always the oldest undelivered event. A ring instead of a
+    /// map: two pushes and pops per event, no node allocations (the map was the largest
+    /// cost of the tracker per event). Its length is the serial span from the oldest
+    /// undelivered event to the newest, bounded by [`AckTracker::has_room`].
+    sent: VecDeque<Option<(Instant, u32)>>,
+    first_serial: u64,
+    /// Events in `sent` not yet delivered.
+    undelivered: u64,
+    /// The sum of the sizes in `sent`.
     bytes: u64,
 }
+
+/// How many times the event bound the serial span from the oldest undelivered event to
+/// the newest may reach before reading pauses: events behind one that waits (its
+/// partition's leader is away) keep flowing, within a bounded ring.
+const SPAN_PER_EVENT_BOUND: u64 = 2;
 
 impl AckTracker {
     /// Start from the slot's acknowledged position.
@@ -149,14 +162,14 @@ impl AckTracker {
         bytes: u64,
     ) -> Result<Ticket, AckError> {
         self.state(seq)?.undelivered += 1;
-        let ticket = Ticket {
-            seq,
-            serial: self.next_serial,
-        };
-        self.next_serial += 1;
-        self.outstanding.insert(ticket.serial, (now, bytes));
-        self.bytes = self.bytes.saturating_add(bytes);
-        Ok(ticket)
+        let serial = self.first_serial + self.sent.len() as u64;
+        // A row is at most 1 GB in PostgreSQL: the size fits; saturated it still
+        // counts the same on the way in and out.
+        let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
+        self.sent.push_back(Some((now, bytes)));
+        self.undelivered += 1;
+        self.bytes = self.bytes.saturating_add(u64::from(bytes));
+        Ok(Ticket { seq, serial })
     }
 
     /// Transaction `seq` committed; its `end_lsn` is the position after its commit record.
@@ -171,10 +184,21 @@ impl AckTracker {
     pub fn delivered(&mut self, ticket: Ticket) -> Result<(), AckError> {
         let seq = ticket.seq;
         self.state(seq)?;
-        let Some((_, bytes)) = self.outstanding.remove(&ticket.serial) else {
+        let slot = ticket
+            .serial
+            .checked_sub(self.first_serial)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| self.sent.get_mut(i))
+            .and_then(Option::take);
+        let Some((_, bytes)) = slot else {
             return Err(AckError::TooManyReports { seq });
         };
-        self.bytes = self.bytes.saturating_sub(bytes);
+        self.bytes = self.bytes.saturating_sub(u64::from(bytes));
+        self.undelivered -= 1;
+        while matches!(self.sent.front(), Some(None)) {
+            self.sent.pop_front();
+            self.first_serial += 1;
+        }
         let state = self.state(seq)?;
         state.undelivered = state
             .undelivered
@@ -185,9 +209,10 @@ impl AckTracker {
 
     /// How long the oldest undelivered event has waited, `None` when none waits.
     pub fn oldest_undelivered_age(&self, now: Instant) -> Option<Duration> {
-        self.outstanding
-            .first_key_value()
-            .map(|(_, (sent, _))| now.saturating_duration_since(*sent))
+        self.sent
+            .front()
+            .and_then(|slot| slot.as_ref())
+            .map(|(sent, _)| now.saturating_duration_since(*sent))
     }
 
     /// A keepalive said everything before `wal_end` was sent.
@@ -197,7 +222,7 @@ impl AckTracker {
 
     /// Events handed to the sink and not yet delivered.
     pub fn in_flight(&self) -> u64 {
-        u64::try_from(self.outstanding.len()).unwrap_or(u64::MAX)
+        self.undelivered
     }
 
     /// Bytes of the events handed to the sink and not yet delivered.
@@ -210,8 +235,14 @@ impl AckTracker {
     /// is read, so what is in flight stays below the bounds plus one event; an event
     /// larger than the byte bound is admitted when little enough is in flight (always
     /// when nothing is), and then nothing more until it is delivered.
+    ///
+    /// The span from the oldest undelivered event to the newest is bounded too (at
+    /// [`SPAN_PER_EVENT_BOUND`] times the event bound), so that one event that waits
+    /// while later ones are delivered cannot grow the tracker without bound.
     pub fn has_room(&self, limits: InFlightLimits) -> bool {
-        self.in_flight() < limits.events && self.bytes < limits.bytes
+        self.in_flight() < limits.events
+            && self.bytes < limits.bytes
+            && (self.sent.len() as u64) < limits.events.saturating_mul(SPAN_PER_EVENT_BOUND)
     }
 
     /// Transactions begun and not yet fully delivered.
@@ -518,6 +549,37 @@ mod tests {
         assert!(!t.has_room(limits), "two events: the event bound");
         t.delivered(a).unwrap();
         assert!(t.has_room(limits));
+    }
+
+    #[test]
+    fn one_waiting_event_bounds_the_span_behind_it() {
+        let now = t0();
+        let limits = InFlightLimits {
+            events: 3,
+            bytes: 1_000,
+        };
+        let mut t = AckTracker::new(Lsn(0), 0);
+        t.begin(0).unwrap();
+        let waiting = t.event_sent(0, now, 1).unwrap();
+        // Later events are delivered while the first one waits: the in-flight count
+        // stays low, the span behind the waiting event grows up to twice the bound.
+        for _ in 0..5 {
+            assert!(t.has_room(limits));
+            let later = t.event_sent(0, now, 1).unwrap();
+            t.delivered(later).unwrap();
+        }
+        assert_eq!(t.in_flight(), 1);
+        assert!(
+            !t.has_room(limits),
+            "six events since the waiting one: the span bound (2 x 3)"
+        );
+        t.delivered(waiting).unwrap();
+        assert!(t.has_room(limits), "delivered: the span is empty again");
+        assert_eq!(t.oldest_undelivered_age(now), None);
+        assert_eq!(
+            t.delivered(waiting),
+            Err(AckError::TooManyReports { seq: 0 })
+        );
     }
 
     proptest::proptest! {

@@ -40,9 +40,15 @@ impl CommitTimes {
     }
 
     /// The commit time of transaction `seq`, while it is not acknowledged.
+    /// Transactions begin in sequence, one after the other, so the entry of `seq` is at
+    /// its distance from the front (asked once per delivered event).
     pub fn commit_ts_ms(&self, seq: TxnSeq) -> Option<i64> {
-        let at = self.open.binary_search_by_key(&seq, |e| e.seq).ok()?;
-        self.open.get(at).map(|e| e.commit_ts_ms)
+        let first = self.open.front()?.seq;
+        let at = usize::try_from(seq.checked_sub(first)?).ok()?;
+        self.open
+            .get(at)
+            .filter(|e| e.seq == seq)
+            .map(|e| e.commit_ts_ms)
     }
 
     /// PostgreSQL was told everything up to `flush` is done: forget those transactions.
@@ -90,6 +96,8 @@ mod tests {
         times.begin(2, 6_000);
         assert_eq!(times.lag_ms(10_000), 9_000);
         assert_eq!(times.commit_ts_ms(1), Some(4_000));
+        assert_eq!(times.commit_ts_ms(2), Some(6_000));
+        assert_eq!(times.commit_ts_ms(3), None, "not begun");
         times.acknowledged(Lsn(150));
         assert_eq!(times.lag_ms(10_000), 6_000);
         assert_eq!(times.commit_ts_ms(0), None);

@@ -57,6 +57,9 @@ use crate::sink::{
     SinkNotice, TopicStatus,
 };
 
+/// How many topics [`KafkaSink`] remembers as ready without a map lookup.
+const RECENTLY_READY: usize = 8;
+
 /// Per-message state carried through librdkafka to the delivery callback.
 pub(super) struct InFlight {
     /// `None` for an exactly-once checkpoint record.
@@ -233,6 +236,9 @@ pub struct KafkaSink {
     pub(super) notices: NoticeSender,
     keep_events: bool,
     topics: HashMap<String, TopicState>,
+    /// The topics last found ready in `topics`, at most [`RECENTLY_READY`] (a shortcut
+    /// for the next records).
+    recently_ready: Vec<String>,
     /// Admin requests under way; aborted when the sink is dropped (a new attempt).
     tasks: JoinSet<()>,
     /// The producer's `message.max.bytes`, for error messages.
@@ -354,6 +360,7 @@ impl KafkaSink {
             notices,
             keep_events,
             topics: HashMap::new(),
+            recently_ready: Vec::with_capacity(RECENTLY_READY),
             tasks: JoinSet::new(),
             max_message_bytes,
             placement,
@@ -364,8 +371,16 @@ impl KafkaSink {
     /// a task whose outcome arrives as a [`SinkNotice::Topic`], to be handed to
     /// [`Sink::topic_prepared`].
     fn status_of(&mut self, topic: &str) -> TopicStatus {
+        // Asked for every record, mostly about a few topics: comparing with the topics
+        // found ready last is cheaper than hashing the name.
+        if self.recently_ready.iter().any(|ready| ready == topic) {
+            return TopicStatus::Ready;
+        }
         match self.topics.get(topic) {
-            Some(TopicState::Ready) => return TopicStatus::Ready,
+            Some(TopicState::Ready) => {
+                self.remember_ready(topic);
+                return TopicStatus::Ready;
+            }
             Some(TopicState::Pending) => return TopicStatus::Waiting,
             Some(TopicState::Refused(reason)) => return TopicStatus::Refused(reason.clone()),
             None => {}
@@ -393,8 +408,19 @@ impl KafkaSink {
         TopicStatus::Waiting
     }
 
+    /// Keep `topic` among the recently ready ones, in place of the oldest when full.
+    fn remember_ready(&mut self, topic: &str) {
+        if self.recently_ready.len() == RECENTLY_READY {
+            self.recently_ready.remove(0);
+        }
+        self.recently_ready.push(topic.to_owned());
+    }
+
     /// Record the outcome of a topic task.
     fn record_prepared(&mut self, topic: &str, outcome: &Result<(), SinkError>) {
+        if outcome.is_err() {
+            self.recently_ready.retain(|ready| ready != topic);
+        }
         match outcome {
             Ok(()) => {
                 self.topics.insert(topic.to_owned(), TopicState::Ready);
