@@ -25,7 +25,7 @@
 //! failing for ever: those stop the relay ([`kafka_errors::client_error_stop`]). Secret
 //! property values are cut out of every error text the sink passes on.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -45,11 +45,10 @@ use crate::sink::kafka_config::{
     admin_config, message_max_bytes, producer_config, transactional_producer_config, QueueBound,
 };
 use crate::sink::kafka_eos::{self, EosSettings, Transactions};
-use crate::sink::kafka_errors::{
-    action, client_error_stop, is_size_error, redact, stop_hint, ErrorAction,
-};
+use crate::sink::kafka_errors::{action, client_error_stop, is_size_error, stop_hint, ErrorAction};
 use crate::sink::kafka_log::{self, AdminContext};
 use crate::sink::kafka_placement::Placement;
+use crate::sink::kafka_secrets::withhold_secret_detail;
 use crate::sink::kafka_topics::illegal_topic_name;
 use crate::sink::kafka_topics::TopicPreparer;
 use crate::sink::{
@@ -77,8 +76,6 @@ pub(super) struct RelayContext {
     max_message_bytes: String,
     /// Deliveries are counted per topic here.
     metrics: Arc<Metrics>,
-    /// The user's `[kafka.properties]`, to redact secret values from error texts.
-    properties: BTreeMap<String, String>,
     /// Exactly-once: a record is durable when its transaction commits, not at its
     /// delivery report, and a failed one fails its whole transaction.
     transactional: bool,
@@ -88,11 +85,11 @@ pub(super) struct RelayContext {
 
 impl ClientContext for RelayContext {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
-        kafka_log::librdkafka_line(level, fac, &redact(log_message, &self.properties));
+        kafka_log::librdkafka_line(level, fac, &withhold_secret_detail(log_message));
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        let reason = redact(reason, &self.properties);
+        let reason = withhold_secret_detail(reason);
         let code = error
             .rdkafka_error_code()
             .unwrap_or(RDKafkaErrorCode::Unknown);
@@ -331,16 +328,13 @@ impl KafkaSink {
                 notices: notices.clone(),
                 max_message_bytes: max_message_bytes.clone(),
                 metrics: Arc::clone(&metrics),
-                properties: settings.properties.clone(),
                 transactional: eos.is_some(),
                 placement: placement.clone(),
             })
             .map_err(|e| SinkError::KafkaSetup(settings.client_error(&e)))?;
         let producer = Arc::new(producer);
         let admin = admin_config(&settings.brokers, &settings.properties)
-            .create_with_context(AdminContext {
-                properties: settings.properties.clone(),
-            })
+            .create_with_context(AdminContext)
             .map_err(|e| {
                 SinkError::KafkaSetup(format!("admin client: {}", settings.client_error(&e)))
             })?;

@@ -19,6 +19,9 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaConfRes;
 
+pub use crate::sink::kafka_secrets::is_secret_property;
+use crate::sink::kafka_secrets::withhold_secret_detail;
+
 /// The `[kafka]` section: owned by the Kafka sink; `config.rs` composes it. Its `Debug`
 /// leaves out the values of secret properties ([`is_secret_property`], and every one
 /// read from a file).
@@ -198,14 +201,6 @@ impl KafkaConfig {
         is_secret_property(key) || self.from_files.contains(key)
     }
 
-    /// The values of the secret properties, to cut out of librdkafka's messages.
-    fn secret_values(&self) -> impl Iterator<Item = &str> {
-        self.properties
-            .iter()
-            .filter(|(key, _)| self.is_secret(key))
-            .map(|(_, value)| value.as_str())
-    }
-
     /// Where property `key` is set, for messages.
     fn shown_key(&self, key: &str) -> String {
         if self.from_files.contains(key) {
@@ -236,46 +231,12 @@ impl KafkaConfig {
             KafkaError::ClientConfig(_, reason, key, _value) => {
                 format!("{reason} (property \"{key}\")")
             }
-            other => other.to_string(),
+            // librdkafka's free text (client creation) is not ours to build: what it
+            // says past a secret property's name is withheld.
+            other => withhold_secret_detail(&other.to_string()).into_owned(),
         };
-        // librdkafka's free text (client creation) is not ours to build; as a last
-        // line of defence, secret values are still cut out of it.
-        redact(&text, self.secret_values())
+        text
     }
-}
-
-/// Property names whose values are secrets: passwords, secrets, tokens, private keys,
-/// SASL configurations that carry credentials.
-pub fn is_secret_property(key: &str) -> bool {
-    let key = key.trim().to_ascii_lowercase();
-    [
-        "password",
-        "secret",
-        "token",
-        "credential",
-        "jaas",
-        "oauthbearer.config",
-    ]
-    .iter()
-    .any(|word| key.contains(word))
-        || key.starts_with("ssl.key.")
-}
-
-/// Secrets shorter than this are not cut out of messages: a value of one or two
-/// characters would blank out letters of every word (and is no secret worth the name).
-const MIN_REDACTED_LEN: usize = 3;
-
-/// `text` with every one of `secrets` replaced by `***`.
-pub fn redact<'a>(text: &str, secrets: impl IntoIterator<Item = &'a str>) -> String {
-    let mut secrets: Vec<&str> = secrets
-        .into_iter()
-        .filter(|secret| secret.len() >= MIN_REDACTED_LEN)
-        .collect();
-    // Longest first, so a secret that contains another is cut out whole.
-    secrets.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
-    secrets
-        .into_iter()
-        .fold(text.to_owned(), |text, secret| text.replace(secret, "***"))
 }
 
 /// The content of a secret file without its trailing newline; a problem never shows

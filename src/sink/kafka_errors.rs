@@ -125,8 +125,8 @@ pub fn is_size_error(code: RDKafkaErrorCode) -> bool {
 /// The reason to stop for an error of the client's error callback (not tied to a
 /// record): a refused login or TLS handshake. `None` for anything else, which
 /// librdkafka's own reconnecting or the pipeline's fatal-error check answers. `reason` is
-/// librdkafka's text (it names the broker and what failed); it must come redacted
-/// ([`redact`]).
+/// librdkafka's text (it names the broker and what failed), secret detail withheld
+/// ([`crate::sink::kafka_secrets::withhold_secret_detail`]).
 pub fn client_error_stop(code: RDKafkaErrorCode, reason: &str) -> Option<String> {
     use RDKafkaErrorCode as E;
     let refused_connection = matches!(
@@ -139,34 +139,6 @@ pub fn client_error_stop(code: RDKafkaErrorCode, reason: &str) -> Option<String>
     );
     debug_assert!(!refused_connection || action(code) == ErrorAction::Stop);
     refused_connection.then(|| format!("cannot use Kafka: {reason} ({code}); {}", stop_hint(code)))
-}
-
-/// Properties whose values are secrets, by librdkafka's name: passwords of SASL, of the
-/// TLS key and stores, OAUTHBEARER client secrets and configs, inline PEM keys.
-pub fn is_secret_property(key: &str) -> bool {
-    let key = key.trim().to_ascii_lowercase();
-    key.contains("password")
-        || key.contains("secret")
-        || key == "ssl.key.pem"
-        || key == "ssl_key"
-        || key == "sasl.oauthbearer.config"
-        || key == "sasl.jaas.config"
-}
-
-/// `text` with every secret value of `properties` replaced by `<redacted>`, so that no
-/// error or log line repeats one (librdkafka's configuration errors echo values).
-pub fn redact<'a>(
-    text: &str,
-    properties: impl IntoIterator<Item = (&'a String, &'a String)>,
-) -> String {
-    let mut text = text.to_owned();
-    for (key, value) in properties {
-        // Two characters could occur anywhere; a secret that short protects nothing.
-        if is_secret_property(key) && value.len() > 2 {
-            text = text.replace(value.as_str(), "<redacted>");
-        }
-    }
-    text
 }
 
 /// What to tell the operator for an error the relay stops on.
@@ -207,7 +179,6 @@ pub fn stop_hint(code: RDKafkaErrorCode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
     use RDKafkaErrorCode as E;
 
     #[test]
@@ -316,31 +287,6 @@ mod tests {
         ] {
             assert_eq!(client_error_stop(code, "x"), None, "{code:?}");
         }
-    }
-
-    #[test]
-    fn secret_values_are_redacted_from_error_text() {
-        let properties: BTreeMap<String, String> = [
-            ("sasl.password", "hunter22"),
-            ("ssl.key.password", "k3y-pass"),
-            ("sasl.oauthbearer.client.secret", "oidc-s3cret"),
-            ("sasl.username", "alice"),
-            ("ssl.keystore.password", "x"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let text = redact(
-            "Client config error: bad value hunter22 / k3y-pass / oidc-s3cret for alice x",
-            &properties,
-        );
-        assert!(!text.contains("hunter22"), "{text}");
-        assert!(!text.contains("k3y-pass"), "{text}");
-        assert!(!text.contains("oidc-s3cret"), "{text}");
-        assert!(text.contains("alice"), "a user name is no secret: {text}");
-        assert!(text.contains(" x"), "too short to redact anywhere: {text}");
-        assert!(is_secret_property("SASL.PASSWORD"));
-        assert!(!is_secret_property("sasl.mechanism"));
     }
 
     #[test]

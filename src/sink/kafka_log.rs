@@ -20,6 +20,8 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 
+use crate::sink::kafka_secrets::withhold_secret_detail;
+
 /// At most one line per cause in this long (after its first one).
 pub const SUMMARY_EVERY: Duration = Duration::from_secs(15);
 /// Causes remembered at once; the least recently logged is forgotten beyond it.
@@ -162,20 +164,15 @@ pub fn librdkafka_line(level: RDKafkaLogLevel, facility: &str, message: &str) {
 /// summariser as the producer's. The admin client is only asked for topics; what it
 /// reports about the brokers the producer reports too.
 #[derive(Debug, Clone, Default)]
-pub struct AdminContext {
-    /// The user's `[kafka.properties]`, to redact secret values from texts.
-    pub properties: std::collections::BTreeMap<String, String>,
-}
+pub struct AdminContext;
 
 impl ClientContext for AdminContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
-        let message = super::kafka_errors::redact(log_message, &self.properties);
-        librdkafka_line(level, fac, &message);
+        librdkafka_line(level, fac, &withhold_secret_detail(log_message));
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        let reason = super::kafka_errors::redact(reason, &self.properties);
-        client_error(&error, &reason);
+        client_error(&error, &withhold_secret_detail(reason));
     }
 }
 

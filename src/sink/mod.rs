@@ -13,6 +13,7 @@ pub mod kafka_errors;
 pub mod kafka_log;
 pub mod kafka_placement;
 pub mod kafka_probe;
+pub mod kafka_secrets;
 pub mod kafka_topics;
 pub mod stdout;
 
