@@ -368,6 +368,12 @@ fn an_invalidated_slot_stops_with_the_recovery_step() {
         stderr.contains("pg_drop_replication_slot"),
         "says how to recover: {stderr}"
     );
+    // `slot status` says so, and exits non-zero for scripts and probes (2: lost).
+    let (status, stdout, stderr) =
+        support::relay::run_command(&["slot", "status", "--json"], &stdout_config(&pg), WAIT);
+    assert_eq!(status.code(), Some(2), "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect(&stdout);
+    assert_eq!(report["wal_status"], "lost", "{stdout}");
 }
 
 /// PostgreSQL 18 also invalidates a slot left unused for `idle_replication_slot_timeout`
