@@ -21,14 +21,15 @@ use crate::sink::SinkSpec;
 /// whatever the transaction size; large enough to keep a Kafka producer's batches full.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 100_000;
 /// Bytes of events (key + value + headers as handed to the sink, see
-/// [`crate::event::OutboxEvent::record_bytes`]) in flight before reading pauses. 16 MiB:
+/// [`crate::event::OutboxEvent::record_bytes`]) in flight before reading pauses. 8 MiB:
 /// an in-flight event is held about three times (the relay's copy kept for the
 /// dead-letter topic, librdkafka's copy in its queue, and its batch being compressed),
-/// so ~48 MiB plus the relay's own ~15 MiB stays within the 64 MB goal and far inside the
-/// 256 Mi container of deploy/k8s; and it is still thousands of typical (4 KB) events,
-/// more than a producer needs to keep its batches full over a few milliseconds of
-/// broker round trip.
-pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 16 * 1024 * 1024;
+/// plus what the allocator keeps of it once freed on librdkafka's threads. With 16 MiB,
+/// the peak RSS through a broker outage with a backlog of 4 KB rows was 48.4–61.9 MiB in
+/// eight runs (docs/benchmarks.md, (i)): at the 64 MB goal; with 8 MiB 38–42 MiB, at the
+/// same throughput. Still two thousand typical (4 KB) events, more than a producer needs
+/// to keep its batches full over a few milliseconds of broker round trip.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 8 * 1024 * 1024;
 /// How long a graceful shutdown waits for in-flight deliveries.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
 /// A sink with events in flight and no confirmation for this long releases the
@@ -76,7 +77,7 @@ impl RelayConfig {
             problems.push("relay.max_in_flight: must be greater than 0".into());
         }
         if self.max_in_flight_bytes == 0 {
-            problems.push("relay.max_in_flight_bytes: must be greater than 0 (16777216, 16 MiB, is the default)".into());
+            problems.push("relay.max_in_flight_bytes: must be greater than 0 (8388608, 8 MiB, is the default)".into());
         }
         problems
     }
