@@ -19,9 +19,11 @@
 //! The two deferred timers (an owed status update, an owed record) are made once and
 //! moved only when their due time changes.
 //!
-//! Nothing in the loop waits for Kafka: a new topic is created by a task
-//! ([`KafkaSink::topic_status`]) whose outcome arrives as a notice; the events behind it
-//! wait, in order, in `waiting`, while status updates go on.
+//! The loop speaks to the sink only through [`Sink`] and its [`SinkNotice`]s (delivered,
+//! refused, retry, stop, wake; see [`crate::sink`]): Kafka's error table, transactions
+//! and fencing are the sink's. Nothing in the loop waits for the sink: a sink preparing
+//! a new topic answers [`TopicStatus::Waiting`] and wakes the loop when it knows; the
+//! events behind it wait, in order, in `waiting`, while status updates go on.
 //!
 //! Every state transition lives in the pure parts (`txn`, `router`, `ack`,
 //! `deadletter`); this loop only moves values between them. Retryable failures end the
@@ -693,43 +695,17 @@ impl Pipeline {
                 // PROMPT_ACK_GAP), not per delivery report.
                 self.tracker.delivered(tag.ticket)?;
             }
-            SinkNotice::Failed { tag, failure } => self.refused(
+            SinkNotice::Refused { tag, failure } => self.refused(
                 tag,
                 failure.event.map(|event| *event),
                 failure.reason,
                 failure.too_large,
                 Place::Back,
             )?,
-            SinkNotice::Retry { .. } | SinkNotice::ClientError
-                if self.sink.stop_reason().is_some() =>
-            {
-                let reason = self.sink.stop_reason().unwrap_or_default();
-                return Err(RelayError::Sink(SinkError::KafkaStop(reason)));
-            }
-            SinkNotice::Due => self.sink.flush()?,
-            SinkNotice::Retry { reason } => {
-                let reason = self.sink.fatal_error().map_or(reason, |fatal| {
-                    format!("the producer failed for good: {fatal}")
-                });
-                return Err(RelayError::Sink(SinkError::KafkaRetry(reason)));
-            }
-            SinkNotice::Stop { reason } => {
-                return Err(RelayError::Sink(SinkError::KafkaStop(reason)))
-            }
-            SinkNotice::ClientError => {
-                if let Some(reason) = self.sink.fatal_error() {
-                    tracing::error!(reason = %reason, "fatal Kafka producer error: rebuilding the producer");
-                    return Err(RelayError::Sink(SinkError::KafkaFatal(reason)));
-                }
-            }
-            SinkNotice::Topic { topic, outcome } => {
-                self.sink.topic_prepared(&topic, &outcome);
-                match outcome {
-                    // Events waiting for a refused topic become dead letters in pump.
-                    Ok(()) | Err(SinkError::Topic { .. }) => {}
-                    Err(other) => return Err(other.into()),
-                }
-            }
+            SinkNotice::Retry { reason } => return Err(SinkError::Retry(reason).into()),
+            SinkNotice::Stop { reason } => return Err(SinkError::Stop(reason).into()),
+            // The sink's own bookkeeping (a timer, a client error, a prepared topic).
+            SinkNotice::Wake => self.sink.poll()?,
         }
         Ok(())
     }
