@@ -11,7 +11,7 @@
 //! Notices the pipeline can act on alone go straight to it (one per delivery report,
 //! nothing else on that path). What needs the producer itself before it means anything
 //! (was the client error fatal? was the producer fenced? is the transaction due? did the
-//! topic get created?) is queued as a [`Wakeup`] and announced by one
+//! topic get created?) is queued as a `Wakeup` and announced by one
 //! [`SinkNotice::Wake`]; the pipeline answers each Wake with one call of
 //! [`Sink::poll`](crate::sink::Sink::poll), which takes one wakeup, so they are handled
 //! in the channel's order, after the deliveries reported before them.

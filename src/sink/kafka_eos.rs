@@ -14,7 +14,7 @@
 //! committed, and that transaction's checkpoint record says which PostgreSQL
 //! transactions it completes (its `end_lsn`) or how far it got into a split one. The
 //! slot is acknowledged after the commit, so after a crash the slot is at or behind the
-//! checkpoint, never ahead: on start ([`ExactlyOnce::start`]) `init_transactions` fences
+//! checkpoint, never ahead: on start (`ExactlyOnce::start`) `init_transactions` fences
 //! any older producer of the same `transactional.id` (and aborts its open transaction),
 //! then a read_committed consumer reads the last checkpoint, and the pipeline skips what
 //! it covers ([`crate::sink::checkpoint::skip_for`]). Events between the checkpoint and
@@ -23,10 +23,10 @@
 //! Commits run off the pipeline's loop (`spawn_blocking`): while one is under way the
 //! sink answers "queue full", so reading pauses and status updates go on. A commit is
 //! due when the transaction is `transaction_ms` old (checked at each end of a
-//! PostgreSQL transaction, and by a timer whose [`Wakeup::Due`] the sink's poll takes)
+//! PostgreSQL transaction, and by a timer whose `Wakeup::Due` the sink's poll takes)
 //! or holds `transaction_max_events` records or `transaction_max_bytes` bytes; only the
 //! latter two split a PostgreSQL transaction. A fenced producer stops the relay: the
-//! sink asks [`ExactlyOnce::fenced`] before it retries after any failure.
+//! sink asks `ExactlyOnce::fenced` before it retries after any failure.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Topic preparation for the Kafka sink: create a topic through the admin API (or, with
 //! `create_topics = false`, check that it exists), and what each answer means. It runs
-//! as a task off the pipeline's loop ([`Topics::status`]), whose outcome wakes the
-//! pipeline and is taken in by the sink's poll ([`Topics::prepared`]); the pure parts
+//! as a task off the pipeline's loop (`Topics::status`), whose outcome wakes the
+//! pipeline and is taken in by the sink's poll (`Topics::prepared`); the pure parts
 //! (the name check, the classification of answers) are unit-tested here.
 
 use std::collections::HashMap;
