@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! pipeline ──send──▶ queue (capacity; QueueFull beyond) ──delivery task──▶ notices
-//!                    └─ refuse(rule): send() refuses at once       └─ fail(rule): Failed
+//!                    └─ refuse(rule): send() refuses at once       └─ fail(rule): Refused
 //!                                                  paused: nothing is reported
 //! ```
 
@@ -229,7 +229,7 @@ async fn deliver(shared: Arc<Shared>, notices: NoticeSender) {
                     }
                 }
                 match state.fail.as_ref().and_then(|rule| rule(&event)) {
-                    Some((reason, too_large)) => reports.push(SinkNotice::Failed {
+                    Some((reason, too_large)) => reports.push(SinkNotice::Refused {
                         tag,
                         failure: DeliveryFailure {
                             reason,

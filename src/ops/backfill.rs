@@ -19,7 +19,7 @@ use crate::relay::ack::AckTracker;
 use crate::relay::router::EventContext;
 use crate::relay::settings::Settings;
 use crate::relay::RelayError;
-use crate::sink::{RecordTag, SendError, SinkError, SinkNotice, SinkOptions};
+use crate::sink::{RecordTag, SendError, Sink, SinkError, SinkNotice, SinkOptions};
 
 use super::definite;
 
@@ -159,7 +159,7 @@ pub async fn backfill(
                     Ok(()) => {}
                     Err(SendError::QueueFull(event)) => {
                         pending = Some(*event);
-                        settle(&mut notices, &mut tracker, &mut report, 1).await?;
+                        settle(&mut notices, sink.as_mut(), &mut tracker, &mut report, 1).await?;
                     }
                     Err(SendError::Refused { reason, event, .. }) => {
                         return Err(RelayError::Undeliverable {
@@ -173,14 +173,14 @@ pub async fn backfill(
             }
             if !tracker.has_room(limits) {
                 sink.flush()?;
-                settle(&mut notices, &mut tracker, &mut report, 1).await?;
+                settle(&mut notices, sink.as_mut(), &mut tracker, &mut report, 1).await?;
             }
         }
     }
     conn.simple_query("COMMIT").await?;
     sink.flush()?;
     let all = tracker.in_flight();
-    settle(&mut notices, &mut tracker, &mut report, all).await?;
+    settle(&mut notices, sink.as_mut(), &mut tracker, &mut report, all).await?;
     Ok(report)
 }
 
@@ -189,6 +189,7 @@ pub async fn backfill(
 /// delivered comes again, which consumers deduplicate).
 async fn settle(
     notices: &mut mpsc::UnboundedReceiver<SinkNotice>,
+    sink: &mut dyn Sink,
     tracker: &mut AckTracker,
     report: &mut BackfillReport,
     at_least: u64,
@@ -204,20 +205,16 @@ async fn settle(
                 tracker.delivered(tag.ticket)?;
                 report.delivered += 1;
             }
-            SinkNotice::Failed { failure, .. } => {
+            SinkNotice::Refused { failure, .. } => {
                 return Err(RelayError::Undeliverable {
                     topic: String::new(),
                     lsn: Lsn::ZERO,
                     reason: failure.reason,
                 })
             }
-            SinkNotice::Retry { reason } => {
-                return Err(RelayError::Sink(SinkError::KafkaRetry(reason)))
-            }
-            SinkNotice::Stop { reason } => {
-                return Err(RelayError::Sink(SinkError::KafkaStop(reason)))
-            }
-            SinkNotice::ClientError | SinkNotice::Topic { .. } | SinkNotice::Due => {}
+            SinkNotice::Retry { reason } => return Err(SinkError::Retry(reason).into()),
+            SinkNotice::Stop { reason } => return Err(SinkError::Stop(reason).into()),
+            SinkNotice::Wake => sink.poll()?,
         }
     }
     Ok(())

@@ -19,12 +19,17 @@
 //! The two deferred timers (an owed status update, an owed record) are made once and
 //! moved only when their due time changes.
 //!
-//! Nothing in the loop waits for Kafka: a new topic is created by a task
-//! ([`KafkaSink::topic_status`]) whose outcome arrives as a notice; the events behind it
-//! wait, in order, in `waiting`, while status updates go on.
+//! The loop speaks to the sink only through [`Sink`] and its [`SinkNotice`]s (delivered,
+//! refused, retry, stop, wake; see [`crate::sink`]): Kafka's error table, transactions
+//! and fencing are the sink's. Nothing in the loop waits for the sink: a sink preparing
+//! a new topic answers [`TopicStatus::Waiting`](crate::sink::TopicStatus::Waiting) and wakes the loop when it knows; the
+//! events behind it wait, in order, in `waiting`, while status updates go on.
 //!
-//! Every state transition lives in the pure parts (`txn`, `router`, `ack`,
-//! `deadletter`); this loop only moves values between them. Retryable failures end the
+//! The loop and the stream's steps are here; the sink side (queueing, pumping, notices,
+//! dead letters) is `pipeline/deliveries.rs`, status updates and the ends of an attempt
+//! (settle, drain) `pipeline/status.rs`, logical decoding messages
+//! `pipeline/messages.rs`. Every state transition lives in the pure parts (`txn`,
+//! `router`, `ack`, `deadletter`); this loop only moves values between them. Retryable failures end the
 //! attempt; [`crate::relay::run`] starts a new one from the slot's acknowledged
 //! position, so anything in flight is sent again (at-least-once) and nothing is skipped.
 
@@ -38,23 +43,23 @@ use crate::metrics::{unix_ms_now, AgeWriter, Metrics};
 use crate::pg::conn::{CopyEvent, DbError, PgConnection, PgError};
 use crate::pg::diagnose;
 use crate::pg::pgoutput::{self, PgTimestamp, StreamState};
-use crate::pg::replication::{ReplicationFrame, StandbyStatusUpdate};
+use crate::pg::replication::ReplicationFrame;
 use crate::pg::Lsn;
 use crate::relay::ack::{AckTracker, InFlightLimits};
-use crate::relay::deadletter::{self, DeadLetter, Refusal};
-use crate::relay::feedback::{feedback, Feedback};
 use crate::relay::lag::CommitTimes;
 use crate::relay::liveness::{Liveness, TickInput};
-use crate::relay::record::{RecordStep, Recorder, Resume};
+use crate::relay::record::{Recorder, Resume};
 use crate::relay::router::OutboxEvent;
 use crate::relay::takeover::heartbeat;
-use crate::relay::txn::{RoutedRowError, Step, TxnAssembler};
-use crate::relay::watch::{OutboxWatch, WatchReport};
+use crate::relay::txn::{Step, TxnAssembler};
+use crate::relay::watch::OutboxWatch;
 use crate::relay::RelayError;
 use crate::sink::checkpoint::{skip_for, Checkpoint, Skip};
-use crate::sink::{RecordTag, SendError, Sink, SinkError, SinkNotice, TopicStatus, TxnSeq};
+use crate::sink::{RecordTag, Sink, SinkNotice};
 
+mod deliveries;
 mod messages;
+mod status;
 
 /// `/healthz` fails when the loop has not turned for this many status intervals.
 pub(super) const HEALTHY_TICKS: u32 = 3;
@@ -258,58 +263,6 @@ impl Pipeline {
         Ok(())
     }
 
-    /// After a delivery report: when it moved the acknowledged position, send a status
-    /// update now, or once [`PROMPT_ACK_GAP`](crate::relay::feedback::PROMPT_ACK_GAP) has
-    /// passed since the last one.
-    async fn report_progress_promptly(&mut self) -> Result<(), RelayError> {
-        self.ask_watch();
-        let flush = self.tracker.flush_lsn();
-        match feedback(
-            flush,
-            self.last_reported,
-            self.last_status_at,
-            Instant::now(),
-        ) {
-            Feedback::Idle => {}
-            Feedback::SendNow => self.send_status(false).await?,
-            Feedback::SendAt(due) => {
-                if self.status_due.is_none() {
-                    self.status_due = Some(tokio::time::Instant::from_std(due));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Asks the watch to vouch for what waits to be acknowledged; when it is too soon for
-    /// another check, a status update is owed at the time it may ask again.
-    fn ask_watch(&mut self) {
-        if !self.tracker.wants_vouching() {
-            return;
-        }
-        if let Some(next) = self.watch.request(Instant::now()) {
-            let next = tokio::time::Instant::from_std(next);
-            self.status_due = Some(self.status_due.map_or(next, |due| due.min(next)));
-        }
-    }
-
-    /// A check of the outbox watch came back: raise the vouched bound, or stop.
-    fn on_watch_report(&mut self, report: WatchReport) -> Result<(), RelayError> {
-        match report {
-            WatchReport::Vouched(lsn) => {
-                self.tracker.vouch(lsn);
-                Ok(())
-            }
-            WatchReport::Changed(change) => Err(RelayError::OutboxUnpublished {
-                repair: change.repair(&self.publication, &self.table),
-                change: change.to_string(),
-                since: self.tracker.vouched(),
-            }),
-            WatchReport::Failed(error) => Err(RelayError::Pg(error)),
-            WatchReport::Invalid(message) => Err(diagnose::SetupError::Definite(message).into()),
-        }
-    }
-
     /// Called on every status tick ([`Liveness::tick`]); returns whether this status
     /// update should ask PostgreSQL for a reply.
     fn check_liveness(&mut self, reading: bool) -> Result<bool, RelayError> {
@@ -474,412 +427,6 @@ impl Pipeline {
                 log_resume(&resume, true);
             }
         }
-    }
-
-    /// Writes the acknowledged position into the state table when events were
-    /// acknowledged since the last record, at most once per [`RECORD_GAP`](crate::relay::record::RECORD_GAP).
-    fn record_position(&mut self) {
-        let now = Instant::now();
-        match self.recorder.step(self.last_reported, now) {
-            RecordStep::Write(lsn) if self.watch.record(lsn) => self.recorder.written(lsn, now),
-            // A write is still queued: try again a gap later.
-            RecordStep::Write(_) => self.record_owed_at(now + crate::relay::record::RECORD_GAP),
-            RecordStep::At(at) => self.record_owed_at(at),
-            RecordStep::Nothing => {}
-        }
-    }
-
-    fn record_owed_at(&mut self, at: Instant) {
-        let at = tokio::time::Instant::from_std(at);
-        self.record_due = Some(self.record_due.map_or(at, |due| due.min(at)));
-    }
-
-    /// Count one routed event and queue it for its topic. An event routed to the
-    /// dead-letter topic's own name is refused here: sent there as it is, it would be
-    /// taken for a dead letter (and a dead letter's failures are handled differently).
-    fn dispatch(&mut self, event: OutboxEvent, seq: TxnSeq) -> Result<(), RelayError> {
-        let ticket = self
-            .tracker
-            .event_sent(seq, Instant::now(), event.record_bytes())?;
-        let tag = RecordTag {
-            ticket,
-            dead_letter: false,
-        };
-        self.progress.events += 1;
-        Metrics::add(&self.metrics.events, 1);
-        if self.metrics.oldest_undelivered.since_ms().is_none() {
-            // The first event waiting: its age counts from now, not from the next tick.
-            self.update_ages();
-        }
-        if self.dead_letter_topic.as_deref() == Some(event.topic.as_str()) {
-            let reason = format!(
-                "routed to the dead-letter topic's own name {:?}; change the route-by value or [outbox] topic, or choose another [dead_letter] topic",
-                event.topic
-            );
-            self.dead_letter_event(tag, &event, reason, Place::Back)?;
-        } else {
-            self.waiting.push_back(Waiting { event, tag });
-        }
-        self.pump()
-    }
-
-    /// Hand waiting records to the sink, in order, while their topics are ready and the
-    /// producer has room. A record whose topic is still being prepared holds back every
-    /// record after it: order is kept, and reading stays paused until it moves.
-    fn pump(&mut self) -> Result<(), RelayError> {
-        while let Some(front) = self.waiting.front() {
-            let status = self.sink.topic_status(&front.event.topic);
-            if status == TopicStatus::Waiting {
-                break;
-            }
-            let Some(Waiting { event, tag }) = self.waiting.pop_front() else {
-                break;
-            };
-            if let TopicStatus::Refused(reason) = status {
-                let reason = format!("topic {:?}: {reason}", event.topic);
-                self.refused(tag, Some(event), reason, false, Place::Front)?;
-                continue;
-            }
-            match self.sink.send(event, tag) {
-                Ok(()) => {}
-                Err(SendError::QueueFull(event)) => {
-                    self.waiting.push_front(Waiting { event: *event, tag });
-                    break;
-                }
-                Err(SendError::Refused {
-                    reason,
-                    too_large,
-                    event,
-                }) => self.refused(tag, Some(*event), reason, too_large, Place::Front)?,
-                Err(SendError::Sink(error)) => return Err(error.into()),
-            }
-        }
-        Ok(())
-    }
-
-    fn push(&mut self, waiting: Waiting, place: Place) {
-        match place {
-            Place::Front => self.waiting.push_front(waiting),
-            Place::Back => self.waiting.push_back(waiting),
-        }
-    }
-
-    /// A record was refused for a reason of its own (too large, malformed, a topic
-    /// Kafka refuses). An event is settled through the dead-letter topic, or the relay
-    /// stops without acknowledging it. A dead-letter record refused for its size goes
-    /// again without its value, saying so in a header; refused otherwise, the relay
-    /// stops.
-    fn refused(
-        &mut self,
-        tag: RecordTag,
-        event: Option<OutboxEvent>,
-        reason: String,
-        too_large: bool,
-        place: Place,
-    ) -> Result<(), RelayError> {
-        let policy = deadletter::on_refusal(
-            tag.dead_letter,
-            event,
-            &reason,
-            too_large,
-            self.dead_letter_topic.is_some(),
-        );
-        match policy {
-            Refusal::DeadLetter(event) => self.dead_letter_event(tag, &event, reason, place),
-            Refusal::ResendWithoutValue(bare) => {
-                tracing::warn!(reason = %reason, "dead-letter record too large; sending it without its value (header value.dropped says why)");
-                self.push(Waiting { event: bare, tag }, place);
-                Ok(())
-            }
-            Refusal::StopDeadLetterRefused => Err(RelayError::DeadLetterRefused(reason)),
-            Refusal::StopNoDeadLetterTopic(Some(event)) => Err(RelayError::Undeliverable {
-                topic: event.topic,
-                lsn: event.lsn,
-                reason,
-            }),
-            Refusal::StopNoDeadLetterTopic(None) => {
-                Err(RelayError::RefusedWithoutDeadLetter { reason })
-            }
-        }
-    }
-
-    /// Settle the counted event of `tag` through a dead-letter record carrying
-    /// `reason`, or stop when no dead-letter topic is configured.
-    fn dead_letter_event(
-        &mut self,
-        tag: RecordTag,
-        event: &OutboxEvent,
-        reason: String,
-        place: Place,
-    ) -> Result<(), RelayError> {
-        let letter = DeadLetter::from_event(event, reason.clone(), &self.source_table);
-        self.dead_letter_or(tag.ticket.seq(), letter, place, || {
-            RelayError::Undeliverable {
-                topic: event.topic.clone(),
-                lsn: event.lsn,
-                reason,
-            }
-        })?;
-        // The original event is settled by its dead-letter record.
-        self.tracker.delivered(tag.ticket)?;
-        Ok(())
-    }
-
-    fn dead_letter_row(
-        &mut self,
-        row_error: RoutedRowError,
-        seq: TxnSeq,
-    ) -> Result<(), RelayError> {
-        let letter = DeadLetter {
-            reason: row_error.error.to_string(),
-            source_table: row_error.table.clone(),
-            source_lsn: row_error.lsn,
-            original_topic: None,
-            key: None,
-            headers: Vec::new(),
-            value: Some(row_error.row_json.clone()),
-            timestamp_ms: 0,
-        };
-        self.dead_letter_or(seq, letter, Place::Back, || RelayError::Route(row_error))?;
-        self.pump()
-    }
-
-    /// Queue `letter` for the dead-letter topic as an event of `seq`, or fail with
-    /// `otherwise()` when none is configured.
-    fn dead_letter_or(
-        &mut self,
-        seq: TxnSeq,
-        letter: DeadLetter,
-        place: Place,
-        otherwise: impl FnOnce() -> RelayError,
-    ) -> Result<(), RelayError> {
-        let Some(topic) = self.dead_letter_topic.clone() else {
-            return Err(otherwise());
-        };
-        tracing::warn!(
-            reason = %letter.reason,
-            source_lsn = %letter.source_lsn,
-            dead_letter_topic = %topic,
-            "event sent to the dead-letter topic"
-        );
-        self.progress.dead_lettered += 1;
-        Metrics::add(&self.metrics.dead_lettered, 1);
-        self.metrics
-            .dead_lettered_by_topic
-            .add(letter.original_topic.as_deref().unwrap_or(""), 1);
-        let event = letter.into_event(&topic);
-        let ticket = self
-            .tracker
-            .event_sent(seq, Instant::now(), event.record_bytes())?;
-        let tag = RecordTag {
-            ticket,
-            dead_letter: true,
-        };
-        self.push(Waiting { event, tag }, place);
-        Ok(())
-    }
-
-    fn on_notice(&mut self, notice: SinkNotice) -> Result<(), RelayError> {
-        match notice {
-            SinkNotice::Delivered { tag } => {
-                if let Some(commit_ms) = self.commit_times.commit_ts_ms(tag.ticket.seq()) {
-                    let waited_ms =
-                        unix_ms_now().saturating_sub(u64::try_from(commit_ms).unwrap_or(0));
-                    self.metrics
-                        .delivery_latency
-                        .observe(waited_ms as f64 / 1000.0);
-                }
-                // The ages follow in the status update this delivery brings (within
-                // PROMPT_ACK_GAP), not per delivery report.
-                self.tracker.delivered(tag.ticket)?;
-            }
-            SinkNotice::Failed { tag, failure } => self.refused(
-                tag,
-                failure.event.map(|event| *event),
-                failure.reason,
-                failure.too_large,
-                Place::Back,
-            )?,
-            SinkNotice::Retry { .. } | SinkNotice::ClientError
-                if self.sink.stop_reason().is_some() =>
-            {
-                let reason = self.sink.stop_reason().unwrap_or_default();
-                return Err(RelayError::Sink(SinkError::KafkaStop(reason)));
-            }
-            SinkNotice::Due => self.sink.flush()?,
-            SinkNotice::Retry { reason } => {
-                let reason = self.sink.fatal_error().map_or(reason, |fatal| {
-                    format!("the producer failed for good: {fatal}")
-                });
-                return Err(RelayError::Sink(SinkError::KafkaRetry(reason)));
-            }
-            SinkNotice::Stop { reason } => {
-                return Err(RelayError::Sink(SinkError::KafkaStop(reason)))
-            }
-            SinkNotice::ClientError => {
-                if let Some(reason) = self.sink.fatal_error() {
-                    tracing::error!(reason = %reason, "fatal Kafka producer error: rebuilding the producer");
-                    return Err(RelayError::Sink(SinkError::KafkaFatal(reason)));
-                }
-            }
-            SinkNotice::Topic { topic, outcome } => {
-                self.sink.topic_prepared(&topic, &outcome);
-                match outcome {
-                    // Events waiting for a refused topic become dead letters in pump.
-                    Ok(()) | Err(SinkError::Topic { .. }) => {}
-                    Err(other) => return Err(other.into()),
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Take every notice already waiting.
-    fn take_ready_notices(&mut self) -> Result<(), RelayError> {
-        while let Ok(notice) = self.notices.try_recv() {
-            self.on_notice(notice)?;
-        }
-        Ok(())
-    }
-
-    async fn send_status(&mut self, reply_requested: bool) -> Result<(), RelayError> {
-        self.sink.flush()?;
-        self.take_ready_notices()?;
-        let flush = self.tracker.flush_lsn();
-        self.progress.flush_lsn = flush;
-        let update = StandbyStatusUpdate {
-            write: self.tracker.received().max(flush),
-            flush,
-            apply: flush,
-            client_time: now_pg(),
-            reply_requested,
-        };
-        tracing::debug!(write = %update.write, flush = %flush, "status update");
-        self.conn.send_status(&update).await?;
-        self.last_status_at = Instant::now();
-        self.last_reported = flush;
-        self.record_position();
-        // This update carries everything acknowledged so far: nothing is owed, unless
-        // deliveries wait for the watch to vouch for them (some may have been reported
-        // by the flush above, whose notices no other branch sees): ask for a check, or
-        // owe an update at the time one may be asked.
-        self.status_due = None;
-        self.ask_watch();
-        Metrics::set(&self.metrics.flush_lsn, flush.0);
-        Metrics::set(&self.metrics.received_lsn, update.write.0);
-        Metrics::set(
-            &self.metrics.replication_lag_bytes,
-            update.write.0.saturating_sub(flush.0),
-        );
-        self.commit_times.acknowledged(flush);
-        self.update_ages();
-        Metrics::set(&self.metrics.in_flight, self.tracker.in_flight());
-        Metrics::set(
-            &self.metrics.in_flight_bytes,
-            self.tracker.in_flight_bytes(),
-        );
-        let unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        Metrics::set(&self.metrics.last_status_unix_seconds, unix);
-        Ok(())
-    }
-
-    fn log_progress(&mut self) {
-        if self.progress != self.logged {
-            tracing::info!(
-                events = self.progress.events,
-                dead_lettered = self.progress.dead_lettered,
-                transactions = self.progress.transactions,
-                flush_lsn = %self.progress.flush_lsn,
-                in_flight = self.tracker.in_flight(),
-                "progress"
-            );
-            self.logged = self.progress;
-        }
-    }
-
-    /// After PostgreSQL went away: flush the sink and wait (at most `timeout`) for the
-    /// delivery reports of what is in flight, so that the next session knows it
-    /// delivered (nothing is acknowledged: the connection is gone). A report that ends
-    /// the sink's session ends the wait.
-    pub(super) async fn settle(&mut self, timeout: Duration) {
-        if self.sink.flush().is_err() {
-            return;
-        }
-        let deadline = tokio::time::Instant::now() + timeout;
-        while self.tracker.in_flight() > 0 {
-            match tokio::time::timeout_at(deadline, self.notices.recv()).await {
-                Ok(Some(notice)) => {
-                    if self.on_notice(notice).is_err() {
-                        return;
-                    }
-                }
-                Ok(None) | Err(_) => return,
-            }
-        }
-    }
-
-    /// Graceful end: flush the sink, wait (bounded) for in-flight deliveries, and send
-    /// a final status update with what is delivered.
-    /// The heartbeat goes on meanwhile (every `beat`), so a standby does not take the
-    /// slot from a relay that is only waiting for its last deliveries.
-    pub(super) async fn drain(
-        &mut self,
-        timeout: Duration,
-        beat: Duration,
-    ) -> Result<(), RelayError> {
-        self.sink.flush()?;
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
-        while self.tracker.in_flight() > 0 {
-            self.pump()?;
-            let next = tokio::select! {
-                next = tokio::time::timeout_at(deadline, self.notices.recv()) => next,
-                _ = heartbeat.tick() => {
-                    self.send_status(false).await?;
-                    continue;
-                }
-            };
-            match next {
-                Ok(Some(notice)) => self.on_notice(notice)?,
-                Ok(None) => break,
-                Err(_) => {
-                    tracing::warn!(
-                        in_flight = self.tracker.in_flight(),
-                        "shutdown timeout: undelivered events are not acknowledged and will be sent again after restart"
-                    );
-                    break;
-                }
-            }
-        }
-        // The final update may acknowledge only what the watch vouched for: ask until it
-        // vouches for everything delivered. A check already under way when the shutdown
-        // came may have read its position before the last transaction committed, so its
-        // report can fall short; the check asked after it cannot (it reads the position
-        // after every delivered commit), so this takes at most two rounds.
-        self.take_ready_notices()?;
-        let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
-        while self.tracker.wants_vouching() {
-            self.watch.request_now();
-            match tokio::time::timeout_at(deadline, self.watch.next_report()).await {
-                Ok(Some(report)) => self.on_watch_report(report)?,
-                Ok(None) | Err(_) => {
-                    tracing::warn!("the outbox check did not answer at shutdown: the last delivered events are acknowledged after the next start");
-                    break;
-                }
-            }
-        }
-        self.send_status(false).await?;
-        // A record still owed (acknowledged within the last RECORD_GAP): written now and
-        // awaited, so a rewind of the slot after this stop sends none of it again.
-        if self.recorder.owes(self.last_reported) {
-            let lsn = self.last_reported;
-            if !self.watch.record_and_wait(lsn, CLOSE_WAIT).await {
-                tracing::warn!(acknowledged = %lsn, "the last acknowledged position could not be recorded at shutdown: if PostgreSQL rewinds the slot, events acknowledged in the last second are sent again");
-            }
-        }
-        Ok(())
     }
 }
 

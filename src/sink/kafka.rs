@@ -6,35 +6,35 @@
 //! pipeline ──send(event, tag)──▶ ThreadedProducer ──▶ brokers
 //!     ▲                               │ delivery callback (librdkafka thread)
 //!     │                               ▼ kafka_errors::action(code)
-//!     └──── SinkNotice::Delivered{tag} / Failed{tag, ...} (dead letter) / Retry / Stop
-//!     └──── SinkNotice::Topic{topic, outcome} ◀── admin task (tokio), one per new topic
+//!     ├──── Delivered{tag} / Refused{tag, ...} (dead letter) / Stop     (kafka_delivery)
+//!     └──── Wake ──▶ poll(): a client error (fatal? fenced?), a failed record or commit
+//!                    (retry, unless fenced), a due transaction, a prepared topic
 //! ```
 //!
 //! Only a successful delivery report counts. `message.timeout.ms=0` makes librdkafka
 //! retry transient errors forever (the relay applies backpressure itself); a failed
-//! report is classified once by [`kafka_errors::action`]: a failure of the record
+//! report is classified once by [`action`]: a failure of the record
 //! itself (too large, malformed, illegal topic) is a dead letter, authorization and
-//! configuration stop the relay, and everything else rebuilds the producer and resends
-//! from the slot's acknowledged position.
+//! configuration stop the relay, and everything else rebuilds the producer (the
+//! attempt ends with [`SinkError::Retry`]) and resends from the slot's acknowledged
+//! position.
 //!
 //! With `[kafka] exactly_once` the producer is transactional: records are reported
 //! delivered only when their Kafka transaction commits (see [`super::kafka_eos`]).
 //!
 //! Errors outside any record reach the client's error callback; librdkafka reconnects
 //! after them on its own, except that a refused login or TLS handshake would go on
-//! failing for ever: those stop the relay ([`kafka_errors::client_error_stop`]). Secret
-//! property values are cut out of every error text the sink passes on.
+//! failing for ever: those stop the relay ([`crate::sink::kafka_errors::client_error_stop`]). A fatal
+//! producer error is not flagged there: the callback wakes the pipeline, whose poll asks
+//! the client. Secret property values are cut out of every error text the sink passes
+//! on.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header as KafkaHeader, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::ClientContext;
-use tokio::task::JoinSet;
-
-use rdkafka::config::ClientConfig;
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer as _};
+use tokio::sync::mpsc;
 
 use crate::event::OutboxEvent;
 use crate::lsn::Lsn;
@@ -44,234 +44,45 @@ use crate::sink::kafka_config::KafkaConfig;
 use crate::sink::kafka_config::{
     admin_config, message_max_bytes, producer_config, transactional_producer_config, QueueBound,
 };
-use crate::sink::kafka_eos::{self, EosSettings, Transactions};
-use crate::sink::kafka_errors::{action, client_error_stop, is_size_error, stop_hint, ErrorAction};
-use crate::sink::kafka_log::{self, AdminContext};
-use crate::sink::kafka_placement::Placement;
-use crate::sink::kafka_secrets::withhold_secret_detail;
-use crate::sink::kafka_topics::illegal_topic_name;
-use crate::sink::kafka_topics::TopicPreparer;
-use crate::sink::{
-    DeliveryFailure, NoticeSender, RecordTag, SendError, Session, Sink, SinkError, SinkFuture,
-    SinkNotice, TopicStatus,
+use crate::sink::kafka_delivery::{
+    refusal_reason, InFlight, Notifier, Producer, RelayContext, Wakeup,
 };
-
-/// How many topics [`KafkaSink`] remembers as ready without a map lookup.
-const RECENTLY_READY: usize = 8;
-
-/// Per-message state carried through librdkafka to the delivery callback.
-pub(super) struct InFlight {
-    /// `None` for an exactly-once checkpoint record.
-    pub(super) tag: Option<RecordTag>,
-    /// Kept only when a dead-letter topic can take the event if it is refused.
-    pub(super) event: Option<Box<OutboxEvent>>,
-    /// The partition the event asked for (a `partition` placement).
-    pub(super) partition: Option<i32>,
-}
-
-/// Receives librdkafka's callbacks and turns them into [`SinkNotice`]s.
-pub(super) struct RelayContext {
-    notices: NoticeSender,
-    /// The producer's `message.max.bytes`, for error messages.
-    max_message_bytes: String,
-    /// Deliveries are counted per topic here.
-    metrics: Arc<Metrics>,
-    /// Exactly-once: a record is durable when its transaction commits, not at its
-    /// delivery report, and a failed one fails its whole transaction.
-    transactional: bool,
-    /// For a partition placement the topic cannot take.
-    placement: Placement,
-}
-
-impl ClientContext for RelayContext {
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
-        kafka_log::librdkafka_line(level, fac, &withhold_secret_detail(log_message));
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        let reason = withhold_secret_detail(reason);
-        let code = error
-            .rdkafka_error_code()
-            .unwrap_or(RDKafkaErrorCode::Unknown);
-        // Once per cause, then a count at a bounded rate (kafka_log).
-        kafka_log::client_error(&error, &reason);
-        // A refused login or TLS handshake: librdkafka would retry it for ever.
-        if let Some(reason) = client_error_stop(code, &reason) {
-            let _ = self.notices.send(SinkNotice::Stop { reason });
-            return;
-        }
-        // Transient errors (broker down, network) are retried by librdkafka on its own;
-        // a fatal one is only visible through the client, which the pipeline checks.
-        let _ = self.notices.send(SinkNotice::ClientError);
-    }
-}
-
-impl ProducerContext for RelayContext {
-    type DeliveryOpaque = Box<InFlight>;
-
-    fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
-        let InFlight {
-            tag,
-            event,
-            partition,
-        } = *in_flight;
-        let notice = match (result, tag) {
-            (Ok(message), tag) => {
-                if tag.is_some() {
-                    self.metrics.delivered_by_topic.add(message.topic(), 1);
-                }
-                match tag {
-                    Some(tag) if !self.transactional => SinkNotice::Delivered { tag },
-                    // Durable with its transaction's commit (kafka_eos::commit).
-                    _ => return,
-                }
-            }
-            (Err((error, message)), tag) if self.transactional || tag.is_none() => {
-                let code = error
-                    .rdkafka_error_code()
-                    .unwrap_or(RDKafkaErrorCode::Unknown);
-                let place = format!("{}/{}", message.topic(), message.partition());
-                if let Some(reason) = self.placement.refusal(code, message.topic(), partition) {
-                    let _ = self.notices.send(SinkNotice::Stop {
-                        reason: format!("{reason}; with exactly_once a record the broker refuses fails its whole Kafka transaction, so it cannot become a dead letter"),
-                    });
-                    return;
-                }
-                match action(code) {
-                    ErrorAction::Stop => SinkNotice::Stop {
-                        reason: format!(
-                            "Kafka refused a record for {place}: {error}; {}",
-                            stop_hint(code)
-                        ),
-                    },
-                    ErrorAction::DeadLetter => SinkNotice::Stop {
-                        reason: format!(
-                            "{}; with exactly_once a record the broker refuses fails its whole Kafka transaction, so it cannot become a dead letter: fix the cause (for a size limit: keep message.max.bytes in [kafka.properties] at or below the topic's max.message.bytes, so the relay itself refuses an oversize event before sending and dead-letters it)",
-                            refusal_reason(code, &error.to_string(), &place, &self.max_message_bytes)
-                        ),
-                    },
-                    // The transaction cannot commit: the session starts again and the
-                    // checkpoint says what Kafka has.
-                    ErrorAction::Retry => SinkNotice::Retry {
-                        reason: format!("a record for {place} failed: {error}"),
-                    },
-                }
-            }
-            (Err((error, message)), tag) => {
-                let Some(tag) = tag else { return };
-                let code = error
-                    .rdkafka_error_code()
-                    .unwrap_or(RDKafkaErrorCode::Unknown);
-                let place = format!("{}/{}", message.topic(), message.partition());
-                if let Some(reason) = self.placement.refusal(code, message.topic(), partition) {
-                    let failure = DeliveryFailure {
-                        reason,
-                        too_large: false,
-                        event,
-                    };
-                    let _ = self.notices.send(SinkNotice::Failed { tag, failure });
-                    return;
-                }
-                match action(code) {
-                    ErrorAction::Retry => SinkNotice::Retry {
-                        reason: format!("a record for {place} failed: {error}"),
-                    },
-                    ErrorAction::Stop => SinkNotice::Stop {
-                        reason: format!(
-                            "Kafka refused a record for {place}: {error}; {}",
-                            stop_hint(code)
-                        ),
-                    },
-                    ErrorAction::DeadLetter => SinkNotice::Failed {
-                        tag,
-                        failure: DeliveryFailure {
-                            reason: refusal_reason(
-                                code,
-                                &error.to_string(),
-                                &place,
-                                &self.max_message_bytes,
-                            ),
-                            too_large: is_size_error(code),
-                            event,
-                        },
-                    },
-                }
-            }
-        };
-        let _ = self.notices.send(notice);
-    }
-}
-
-/// The reason text of a record refused for good (a dead letter's `error` header).
-fn refusal_reason(
-    code: RDKafkaErrorCode,
-    error: &str,
-    place: &str,
-    max_message_bytes: &str,
-) -> String {
-    if is_size_error(code) {
-        format!(
-            "the record is too large for {place}: {error}; raise message.max.bytes in [kafka.properties] (now {max_message_bytes}) and the topic's max.message.bytes on the brokers"
-        )
-    } else {
-        format!("Kafka refused the record for {place}: {error}")
-    }
-}
-
-#[derive(Debug, Clone)]
-enum TopicState {
-    Ready,
-    Pending,
-    Refused(String),
-}
+use crate::sink::kafka_eos::{default_transactional_id, ExactlyOnce};
+use crate::sink::kafka_eos_state::EosSettings;
+use crate::sink::kafka_errors::{
+    action, fatal, is_size_error, retry, setup, stop_hint, ErrorAction,
+};
+use crate::sink::kafka_log::AdminContext;
+use crate::sink::kafka_placement::Placement;
+use crate::sink::kafka_topics::{TopicPreparer, Topics};
+use crate::sink::{
+    NoticeSender, RecordTag, SendError, Session, Sink, SinkError, SinkFuture, TopicStatus,
+};
 
 /// The sink.
 pub struct KafkaSink {
     /// Shared with the commit tasks (exactly-once).
-    pub(super) producer: Arc<ThreadedProducer<RelayContext>>,
-    pub(super) preparer: TopicPreparer,
-    pub(super) notices: NoticeSender,
+    producer: Arc<Producer>,
+    topics: Topics,
+    notifier: Notifier,
+    /// What each [`SinkNotice::Wake`](crate::sink::SinkNotice::Wake) announced, taken
+    /// one per [`Sink::poll`].
+    wakeups: mpsc::UnboundedReceiver<Wakeup>,
     keep_events: bool,
-    topics: HashMap<String, TopicState>,
-    /// The topics last found ready in `topics`, at most [`RECENTLY_READY`] (a shortcut
-    /// for the next records).
-    recently_ready: Vec<String>,
-    /// Admin requests under way; aborted when the sink is dropped (a new attempt).
-    tasks: JoinSet<()>,
     /// The producer's `message.max.bytes`, for error messages.
     max_message_bytes: String,
-    /// Exactly-once: the transactional state, and what reading the checkpoint needs.
-    pub(super) eos: Option<Transactions>,
-    pub(super) checkpoint_reader: ClientConfig,
-    pub(super) metrics: Arc<Metrics>,
-    /// Fires [`SinkNotice::Due`] when the open transaction is old enough.
-    pub(super) due_timer: Option<tokio::task::JoinHandle<()>>,
+    /// Exactly-once: the transactions and what reading the checkpoint needs.
+    eos: Option<ExactlyOnce>,
     placement: Placement,
 }
 
 impl Drop for KafkaSink {
     fn drop(&mut self) {
-        if let Some(timer) = self.due_timer.take() {
-            timer.abort();
-        }
-        // Exactly-once: an open transaction would hold back read_committed consumers of
-        // its partitions until the next init_transactions or transaction.timeout.ms;
-        // abort it now (bounded; it fails at once when fenced). Its records are sent
-        // again by the next session.
-        if self
-            .eos
-            .as_ref()
-            .is_some_and(|eos| eos.is_open() && !eos.committing())
-        {
-            if let Err(error) = self.producer.abort_transaction(ABORT_TIMEOUT) {
-                tracing::debug!(error = %error, "aborting the open Kafka transaction failed");
-            }
+        if let Some(eos) = &mut self.eos {
+            eos.close(&self.producer);
         }
     }
 }
-
-/// How long dropping an exactly-once sink may wait for its open transaction's abort.
-const ABORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl KafkaSink {
     /// Build the producer and admin client. `queue` (the in-flight bounds) sizes the
@@ -292,7 +103,7 @@ impl KafkaSink {
                 transactional_id: settings
                     .transactional_id
                     .clone()
-                    .unwrap_or_else(|| kafka_eos::default_transactional_id(slot)),
+                    .unwrap_or_else(|| default_transactional_id(slot)),
                 offsets_topic: settings.offsets_topic.clone(),
                 transaction_ms: std::time::Duration::from_millis(settings.transaction_ms),
                 // At most half the in-flight bound: records are in flight until their
@@ -323,125 +134,37 @@ impl KafkaSink {
             ),
             None => producer_config(&settings.brokers, &settings.properties, queue),
         };
-        let producer: ThreadedProducer<RelayContext> = config
+        let (notifier, wakeups) = Notifier::new(notices);
+        let producer: Producer = config
             .create_with_context(RelayContext {
-                notices: notices.clone(),
+                notifier: notifier.clone(),
                 max_message_bytes: max_message_bytes.clone(),
                 metrics: Arc::clone(&metrics),
                 transactional: eos.is_some(),
                 placement: placement.clone(),
             })
-            .map_err(|e| SinkError::KafkaSetup(settings.client_error(&e)))?;
+            .map_err(|e| setup(settings.client_error(&e)))?;
         let producer = Arc::new(producer);
         let admin = admin_config(&settings.brokers, &settings.properties)
             .create_with_context(AdminContext)
-            .map_err(|e| {
-                SinkError::KafkaSetup(format!("admin client: {}", settings.client_error(&e)))
-            })?;
+            .map_err(|e| setup(format!("admin client: {}", settings.client_error(&e))))?;
+        let checkpoint_reader = admin_config(&settings.brokers, &settings.properties);
         Ok(KafkaSink {
             producer,
-            eos: eos.map(Transactions::new),
-            checkpoint_reader: admin_config(&settings.brokers, &settings.properties),
-            metrics,
-            due_timer: None,
-            preparer: TopicPreparer {
+            eos: eos.map(|eos| ExactlyOnce::new(eos, checkpoint_reader, metrics)),
+            topics: Topics::new(TopicPreparer {
                 admin: Arc::new(admin),
                 create_topics: settings.create_topics,
                 partitions: settings.topic_partitions,
                 replication_factor: settings.topic_replication_factor,
                 partition_counts: placement.counts(),
-            },
-            notices,
+            }),
+            notifier,
+            wakeups,
             keep_events,
-            topics: HashMap::new(),
-            recently_ready: Vec::with_capacity(RECENTLY_READY),
-            tasks: JoinSet::new(),
             max_message_bytes,
             placement,
         })
-    }
-
-    /// Where `topic` stands; a topic seen for the first time is created (or checked) by
-    /// a task whose outcome arrives as a [`SinkNotice::Topic`], to be handed to
-    /// [`Sink::topic_prepared`].
-    fn status_of(&mut self, topic: &str) -> TopicStatus {
-        // Asked for every record, mostly about a few topics: comparing with the topics
-        // found ready last is cheaper than hashing the name.
-        if self.recently_ready.iter().any(|ready| ready == topic) {
-            return TopicStatus::Ready;
-        }
-        match self.topics.get(topic) {
-            Some(TopicState::Ready) => {
-                self.remember_ready(topic);
-                return TopicStatus::Ready;
-            }
-            Some(TopicState::Pending) => return TopicStatus::Waiting,
-            Some(TopicState::Refused(reason)) => return TopicStatus::Refused(reason.clone()),
-            None => {}
-        }
-        if let Some(reason) = illegal_topic_name(topic) {
-            self.topics
-                .insert(topic.to_owned(), TopicState::Refused(reason.clone()));
-            return TopicStatus::Refused(reason);
-        }
-        while self.tasks.try_join_next().is_some() {}
-        self.topics.insert(topic.to_owned(), TopicState::Pending);
-        // "created topic" (info) follows only when the topic was really missing.
-        if self.preparer.create_topics {
-            tracing::debug!(%topic, "creating the topic unless it exists");
-        } else {
-            tracing::debug!(%topic, "checking that the topic exists");
-        }
-        let preparer = self.preparer.clone();
-        let notices = self.notices.clone();
-        let topic = topic.to_owned();
-        self.tasks.spawn(async move {
-            let outcome = preparer.prepare(&topic).await;
-            let _ = notices.send(SinkNotice::Topic { topic, outcome });
-        });
-        TopicStatus::Waiting
-    }
-
-    /// Keep `topic` among the recently ready ones, in place of the oldest when full.
-    fn remember_ready(&mut self, topic: &str) {
-        if self.recently_ready.len() == RECENTLY_READY {
-            self.recently_ready.remove(0);
-        }
-        self.recently_ready.push(topic.to_owned());
-    }
-
-    /// Record the outcome of a topic task.
-    fn record_prepared(&mut self, topic: &str, outcome: &Result<(), SinkError>) {
-        if outcome.is_err() {
-            self.recently_ready.retain(|ready| ready != topic);
-        }
-        match outcome {
-            Ok(()) => {
-                self.topics.insert(topic.to_owned(), TopicState::Ready);
-            }
-            Err(SinkError::Topic { reason, .. }) => {
-                self.topics
-                    .insert(topic.to_owned(), TopicState::Refused(reason.clone()));
-            }
-            Err(_) => {
-                // Asked again by the next attempt.
-                self.topics.remove(topic);
-            }
-        }
-    }
-
-    /// Make sure `topic` exists, creating it when allowed, waiting for the answer (for
-    /// the dead-letter topic, before streaming starts).
-    async fn prepare_now(&mut self, topic: &str) -> Result<(), SinkError> {
-        if let Some(reason) = illegal_topic_name(topic) {
-            return Err(SinkError::Topic {
-                topic: topic.to_owned(),
-                reason,
-            });
-        }
-        self.preparer.prepare(topic).await?;
-        self.topics.insert(topic.to_owned(), TopicState::Ready);
-        Ok(())
     }
 
     /// The producer's fatal error, if it has one.
@@ -451,35 +174,51 @@ impl KafkaSink {
             .fatal_error()
             .map(|(code, reason)| format!("{code}: {reason}"))
     }
+
+    /// Exactly-once: when a newer producer fenced this one, the message to stop with.
+    fn fenced(&self) -> Option<String> {
+        self.eos.as_ref()?.fenced(&self.producer)
+    }
+
+    /// What a wakeup means, on the pipeline's task.
+    fn on_wakeup(&mut self, wakeup: Wakeup) -> Result<(), SinkError> {
+        match wakeup {
+            Wakeup::Due => self.flush(),
+            Wakeup::Topic { topic, outcome } => {
+                self.topics.prepared(&topic, &outcome);
+                match outcome {
+                    // Records waiting for a refused topic become dead letters (its
+                    // status is Refused now).
+                    Ok(()) | Err(SinkError::TopicRefused { .. }) => Ok(()),
+                    Err(other) => Err(other),
+                }
+            }
+            Wakeup::ClientError | Wakeup::Retry(_) if self.fenced().is_some() => {
+                Err(SinkError::Stop(self.fenced().unwrap_or_default()))
+            }
+            Wakeup::Retry(reason) => {
+                let reason = self.producer_fatal_error().map_or(reason, |fatal| {
+                    format!("the producer failed for good: {fatal}")
+                });
+                Err(retry(reason))
+            }
+            Wakeup::ClientError => match self.producer_fatal_error() {
+                Some(reason) => {
+                    tracing::error!(reason = %reason, "fatal Kafka producer error: rebuilding the producer");
+                    Err(fatal(reason))
+                }
+                None => Ok(()),
+            },
+        }
+    }
 }
 
 impl Sink for KafkaSink {
     fn send(&mut self, event: OutboxEvent, tag: RecordTag) -> Result<(), SendError> {
         if let Some(eos) = &mut self.eos {
-            if eos.committing() {
+            if !eos.before_send(&self.producer, &self.notifier)? {
                 // Sent in the next transaction; the commit's reports resume the pump.
                 return Err(SendError::QueueFull(Box::new(event)));
-            }
-            if !eos.is_open() {
-                let producer = &self.producer;
-                producer.begin_transaction().map_err(|e| {
-                    kafka_eos::classify(
-                        &eos.settings.transactional_id,
-                        "beginning a Kafka transaction",
-                        &e,
-                        producer.client().fatal_error(),
-                    )
-                })?;
-                eos.opened();
-                let notices = self.notices.clone();
-                let after = eos.settings.transaction_ms;
-                if let Some(timer) = self.due_timer.take() {
-                    timer.abort();
-                }
-                self.due_timer = Some(tokio::spawn(async move {
-                    tokio::time::sleep(after).await;
-                    let _ = notices.send(SinkNotice::Due);
-                }));
             }
         }
         let mut headers = OwnedHeaders::new_with_capacity(event.headers.len());
@@ -530,7 +269,7 @@ impl Sink for KafkaSink {
             return Err(SendError::QueueFull(event));
         }
         if let Some(reason) = self.fenced() {
-            return Err(SendError::Sink(SinkError::KafkaStop(reason)));
+            return Err(SendError::Sink(SinkError::Stop(reason)));
         }
         if let Some(reason) = self.placement.refusal(code, &event.topic, event.partition) {
             return Err(SendError::Refused {
@@ -545,9 +284,9 @@ impl Sink for KafkaSink {
                     Some(fatal) => format!("the producer failed for good: {fatal}"),
                     None => format!("a record for {place} was not accepted: {error}"),
                 };
-                Err(SendError::Sink(SinkError::KafkaRetry(reason)))
+                Err(SendError::Sink(retry(reason)))
             }
-            ErrorAction::Stop => Err(SendError::Sink(SinkError::KafkaStop(format!(
+            ErrorAction::Stop => Err(SendError::Sink(SinkError::Stop(format!(
                 "Kafka refused a record for {place}: {error}; {}",
                 stop_hint(code)
             )))),
@@ -574,14 +313,44 @@ impl Sink for KafkaSink {
     fn flush(&mut self) -> Result<(), SinkError> {
         // librdkafka sends on its own (linger.ms); reports come from its thread.
         // Exactly-once: commit the open transaction when it is due.
-        self.commit_if_due()
+        match &mut self.eos {
+            Some(eos) => eos.commit_if_due(&self.producer, &self.notifier),
+            None => Ok(()),
+        }
+    }
+
+    fn poll(&mut self) -> Result<(), SinkError> {
+        // One wakeup per Wake, so they are handled in the channel's order.
+        match self.wakeups.try_recv() {
+            Ok(wakeup) => self.on_wakeup(wakeup),
+            Err(_) => Ok(()),
+        }
+    }
+
+    fn topic_status(&mut self, topic: &str) -> TopicStatus {
+        self.topics.status(topic, &self.notifier)
+    }
+
+    fn ensure_topic<'a>(&'a mut self, topic: &'a str) -> SinkFuture<'a, Result<(), SinkError>> {
+        Box::pin(self.topics.prepare_now(topic))
     }
 
     fn begin_session<'a>(
         &'a mut self,
         session: &'a Session,
     ) -> SinkFuture<'a, Result<Option<Checkpoint>, SinkError>> {
-        Box::pin(self.start_transactions(session))
+        let KafkaSink {
+            eos,
+            producer,
+            topics,
+            ..
+        } = self;
+        Box::pin(async move {
+            match eos {
+                Some(eos) => eos.start(producer, &topics.preparer, session).await,
+                None => Ok(None),
+            }
+        })
     }
 
     fn transaction_begin(&mut self, commit_lsn: Lsn, skipped: u64) {
@@ -594,27 +363,7 @@ impl Sink for KafkaSink {
         if let Some(eos) = &mut self.eos {
             eos.transaction_end(end_lsn);
         }
-        self.commit_if_due()
-    }
-
-    fn stop_reason(&self) -> Option<String> {
-        self.fenced()
-    }
-
-    fn topic_status(&mut self, topic: &str) -> TopicStatus {
-        self.status_of(topic)
-    }
-
-    fn topic_prepared(&mut self, topic: &str, outcome: &Result<(), SinkError>) {
-        self.record_prepared(topic, outcome);
-    }
-
-    fn ensure_topic<'a>(&'a mut self, topic: &'a str) -> SinkFuture<'a, Result<(), SinkError>> {
-        Box::pin(self.prepare_now(topic))
-    }
-
-    fn fatal_error(&self) -> Option<String> {
-        self.producer_fatal_error()
+        self.flush()
     }
 }
 
@@ -644,29 +393,5 @@ mod tests {
             assert!(!text.contains(value), "{key}: {text}");
             assert!(text.contains(key), "names the property: {text}");
         }
-    }
-
-    #[test]
-    fn refusal_reasons_say_what_to_raise_for_size() {
-        let size = refusal_reason(
-            RDKafkaErrorCode::MessageSizeTooLarge,
-            "Broker: Message size too large",
-            "t/0",
-            "1000000",
-        );
-        assert!(
-            size.contains("too large") && size.contains("message.max.bytes"),
-            "{size}"
-        );
-        let other = refusal_reason(
-            RDKafkaErrorCode::InvalidRecord,
-            "Broker: invalid record",
-            "t/0",
-            "1",
-        );
-        assert!(
-            other.contains("t/0") && other.contains("invalid record"),
-            "{other}"
-        );
     }
 }

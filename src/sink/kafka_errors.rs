@@ -25,8 +25,9 @@
 //! nothing is delivered, so the relay stops with the fix instead
 //! ([`client_error_stop`]). Every other code there is librdkafka's to handle, or a
 //! fatal producer error (it comes with its own code, e.g. `CLUSTER_AUTHORIZATION_FAILED`
-//! for a refused producer id), which the pipeline finds through the client and answers
-//! by rebuilding the producer. Nothing is acknowledged past
+//! for a refused producer id), which the sink finds through the client when the
+//! pipeline polls it after the callback, and answers by rebuilding the producer (a new
+//! attempt, [`fatal`]). Nothing is acknowledged past
 //! the undelivered events, so a restart (by the operator, or a supervisor's restart
 //! policy while a new API key reaches every broker) loses nothing.
 //!
@@ -34,7 +35,11 @@
 //! protocol error list (`org.apache.kafka.common.protocol.Errors`), which say per code
 //! whether it is retriable.
 
+use std::fmt::Display;
+
 use rdkafka::error::RDKafkaErrorCode;
+
+use crate::sink::SinkError;
 
 /// What to do about a failed delivery, a refused send or a refused admin request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,9 +127,28 @@ pub fn is_size_error(code: RDKafkaErrorCode) -> bool {
     )
 }
 
+/// A transient failure of the Kafka sink: the attempt ends, a new producer resends
+/// everything not yet acknowledged.
+pub fn retry(reason: impl Display) -> SinkError {
+    SinkError::Retry(format!(
+        "Kafka delivery failed: {reason}; rebuilding the producer and resending everything not yet acknowledged"
+    ))
+}
+
+/// The producer failed for good (a fatal idempotent-producer error): a new attempt
+/// builds a new one.
+pub fn fatal(reason: impl Display) -> SinkError {
+    SinkError::Retry(format!("Kafka producer failed: {reason}"))
+}
+
+/// A Kafka client could not be created (its configuration): definite.
+pub fn setup(reason: impl Display) -> SinkError {
+    SinkError::Setup(format!("cannot create the Kafka producer: {reason}"))
+}
+
 /// The reason to stop for an error of the client's error callback (not tied to a
 /// record): a refused login or TLS handshake. `None` for anything else, which
-/// librdkafka's own reconnecting or the pipeline's fatal-error check answers. `reason` is
+/// librdkafka's own reconnecting or the sink's fatal-error check answers. `reason` is
 /// librdkafka's text (it names the broker and what failed), secret detail withheld
 /// ([`crate::sink::kafka_secrets::withhold_secret_detail`]).
 pub fn client_error_stop(code: RDKafkaErrorCode, reason: &str) -> Option<String> {

@@ -1,18 +1,22 @@
 //! Topic preparation for the Kafka sink: create a topic through the admin API (or, with
 //! `create_topics = false`, check that it exists), and what each answer means. It runs
-//! as a task off the pipeline's loop (see `KafkaSink::topic_status`); the pure parts
+//! as a task off the pipeline's loop (`Topics::status`), whose outcome wakes the
+//! pipeline and is taken in by the sink's poll (`Topics::prepared`); the pure parts
 //! (the name check, the classification of answers) are unit-tested here.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::error::RDKafkaErrorCode;
+use tokio::task::JoinSet;
 
+use crate::sink::kafka_delivery::{Notifier, Wakeup};
 use crate::sink::kafka_errors::{action, stop_hint, ErrorAction};
 use crate::sink::kafka_log::AdminContext;
 use crate::sink::kafka_placement::PartitionCounts;
-use crate::sink::SinkError;
+use crate::sink::{SinkError, TopicStatus};
 
 /// How long an admin request (create topic, metadata) may take. It runs as a task off
 /// the pipeline's loop (status updates go on meanwhile); a timeout is retried with
@@ -22,6 +26,8 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// its metadata still has an error: at most about 2 s in all, once per topic.
 const COUNT_ATTEMPTS: u32 = 10;
 const COUNT_RETRY: Duration = Duration::from_millis(200);
+/// How many topics [`Topics`] remembers as ready without a map lookup.
+const RECENTLY_READY: usize = 8;
 
 /// What a topic task needs: the admin client and the `[kafka]` topic settings.
 #[derive(Clone)]
@@ -127,6 +133,118 @@ impl TopicPreparer {
     }
 }
 
+#[derive(Debug, Clone)]
+enum TopicState {
+    Ready,
+    Pending,
+    Refused(String),
+}
+
+/// Where each topic the sink has seen stands, and the tasks preparing new ones.
+pub(super) struct Topics {
+    pub(super) preparer: TopicPreparer,
+    states: HashMap<String, TopicState>,
+    /// The topics last found ready in `states`, at most [`RECENTLY_READY`] (a shortcut
+    /// for the next records).
+    recently_ready: Vec<String>,
+    /// Admin requests under way; aborted when the sink is dropped (a new attempt).
+    tasks: JoinSet<()>,
+}
+
+impl Topics {
+    pub(super) fn new(preparer: TopicPreparer) -> Self {
+        Topics {
+            preparer,
+            states: HashMap::new(),
+            recently_ready: Vec::with_capacity(RECENTLY_READY),
+            tasks: JoinSet::new(),
+        }
+    }
+
+    /// Where `topic` stands; a topic seen for the first time is created (or checked) by
+    /// a task whose outcome wakes the pipeline ([`Wakeup::Topic`]), to be taken in by
+    /// [`Topics::prepared`].
+    pub(super) fn status(&mut self, topic: &str, notifier: &Notifier) -> TopicStatus {
+        // Asked for every record, mostly about a few topics: comparing with the topics
+        // found ready last is cheaper than hashing the name.
+        if self.recently_ready.iter().any(|ready| ready == topic) {
+            return TopicStatus::Ready;
+        }
+        match self.states.get(topic) {
+            Some(TopicState::Ready) => {
+                self.remember_ready(topic);
+                return TopicStatus::Ready;
+            }
+            Some(TopicState::Pending) => return TopicStatus::Waiting,
+            Some(TopicState::Refused(reason)) => return TopicStatus::Refused(reason.clone()),
+            None => {}
+        }
+        if let Some(reason) = illegal_topic_name(topic) {
+            self.states
+                .insert(topic.to_owned(), TopicState::Refused(reason.clone()));
+            return TopicStatus::Refused(reason);
+        }
+        while self.tasks.try_join_next().is_some() {}
+        self.states.insert(topic.to_owned(), TopicState::Pending);
+        // "created topic" (info) follows only when the topic was really missing.
+        if self.preparer.create_topics {
+            tracing::debug!(%topic, "creating the topic unless it exists");
+        } else {
+            tracing::debug!(%topic, "checking that the topic exists");
+        }
+        let preparer = self.preparer.clone();
+        let notifier = notifier.clone();
+        let topic = topic.to_owned();
+        self.tasks.spawn(async move {
+            let outcome = preparer.prepare(&topic).await;
+            notifier.wake(Wakeup::Topic { topic, outcome });
+        });
+        TopicStatus::Waiting
+    }
+
+    /// Keep `topic` among the recently ready ones, in place of the oldest when full.
+    fn remember_ready(&mut self, topic: &str) {
+        if self.recently_ready.len() == RECENTLY_READY {
+            self.recently_ready.remove(0);
+        }
+        self.recently_ready.push(topic.to_owned());
+    }
+
+    /// Record the outcome of a topic task.
+    pub(super) fn prepared(&mut self, topic: &str, outcome: &Result<(), SinkError>) {
+        if outcome.is_err() {
+            self.recently_ready.retain(|ready| ready != topic);
+        }
+        match outcome {
+            Ok(()) => {
+                self.states.insert(topic.to_owned(), TopicState::Ready);
+            }
+            Err(SinkError::TopicRefused { reason, .. }) => {
+                self.states
+                    .insert(topic.to_owned(), TopicState::Refused(reason.clone()));
+            }
+            Err(_) => {
+                // Asked again by the next attempt.
+                self.states.remove(topic);
+            }
+        }
+    }
+
+    /// Make sure `topic` exists, creating it when allowed, waiting for the answer (for
+    /// the dead-letter topic, before streaming starts).
+    pub(super) async fn prepare_now(&mut self, topic: &str) -> Result<(), SinkError> {
+        if let Some(reason) = illegal_topic_name(topic) {
+            return Err(SinkError::TopicRefused {
+                topic: topic.to_owned(),
+                reason,
+            });
+        }
+        self.preparer.prepare(topic).await?;
+        self.states.insert(topic.to_owned(), TopicState::Ready);
+        Ok(())
+    }
+}
+
 /// What a metadata answer about `topic` means when the relay may not create it:
 /// `found` is the topic's error and partition count, `None` when it is not listed.
 fn existence_outcome(
@@ -134,7 +252,7 @@ fn existence_outcome(
     found: Option<(Option<RDKafkaErrorCode>, usize)>,
 ) -> Result<(), SinkError> {
     let missing = || {
-        SinkError::KafkaStop(format!(
+        SinkError::Stop(format!(
             "topic {topic:?} does not exist and [kafka] create_topics = false; create it or enable create_topics"
         ))
     };
@@ -143,11 +261,11 @@ fn existence_outcome(
         None | Some((None, _)) => Err(missing()),
         Some((Some(RDKafkaErrorCode::UnknownTopicOrPartition), _)) => Err(missing()),
         Some((Some(code), _)) => Err(match action(code) {
-            ErrorAction::DeadLetter => SinkError::Topic {
+            ErrorAction::DeadLetter => SinkError::TopicRefused {
                 topic: topic.to_owned(),
                 reason: format!("Kafka refuses it: {code}"),
             },
-            ErrorAction::Stop => SinkError::KafkaStop(format!(
+            ErrorAction::Stop => SinkError::Stop(format!(
                 "topic {topic:?}: the broker refused its metadata: {code}; {}",
                 stop_hint(code)
             )),
@@ -170,11 +288,11 @@ fn creation_outcome(
         Ok(_) => Ok(true),
         Err(RDKafkaErrorCode::TopicAlreadyExists) => Ok(false),
         Err(code) => Err(match action(code) {
-            ErrorAction::DeadLetter => SinkError::Topic {
+            ErrorAction::DeadLetter => SinkError::TopicRefused {
                 topic: topic.to_owned(),
                 reason: format!("the broker refused to create it: {code}"),
             },
-            ErrorAction::Stop => SinkError::KafkaStop(format!(
+            ErrorAction::Stop => SinkError::Stop(format!(
                 "topic {topic:?}: the broker refused to create it: {code}; {}",
                 stop_hint(code)
             )),
@@ -239,7 +357,7 @@ mod tests {
         assert!(!creation_outcome("t", Err(RDKafkaErrorCode::TopicAlreadyExists)).unwrap());
         let err = creation_outcome("outbox.event.x", Err(RDKafkaErrorCode::InvalidPartitions))
             .unwrap_err();
-        assert!(matches!(err, SinkError::KafkaStop(_)), "{err:?}");
+        assert!(matches!(err, SinkError::Stop(_)), "{err:?}");
         let text = err.to_string();
         assert!(text.contains("outbox.event.x"), "{text}");
         assert!(text.contains("refused to create"), "{text}");
@@ -257,7 +375,7 @@ mod tests {
         );
         let err =
             creation_outcome("t", Err(RDKafkaErrorCode::TopicAuthorizationFailed)).unwrap_err();
-        assert!(matches!(err, SinkError::KafkaStop(_)), "{err:?}");
+        assert!(matches!(err, SinkError::Stop(_)), "{err:?}");
         assert!(err.to_string().contains("CREATE"), "{err}");
         for transient in [
             RDKafkaErrorCode::NotController,
@@ -270,7 +388,7 @@ mod tests {
             );
         }
         let err = creation_outcome("t", Err(RDKafkaErrorCode::InvalidTopic)).unwrap_err();
-        assert!(matches!(err, SinkError::Topic { .. }), "{err:?}");
+        assert!(matches!(err, SinkError::TopicRefused { .. }), "{err:?}");
     }
 
     #[test]
@@ -282,7 +400,7 @@ mod tests {
             Some((Some(RDKafkaErrorCode::UnknownTopicOrPartition), 0)),
         ] {
             let err = existence_outcome("outbox.event.t", found).unwrap_err();
-            assert!(matches!(err, SinkError::KafkaStop(_)), "{err:?}");
+            assert!(matches!(err, SinkError::Stop(_)), "{err:?}");
             assert!(err.to_string().contains("create_topics"), "{err}");
             assert!(err.to_string().contains("outbox.event.t"), "{err}");
         }
@@ -295,7 +413,7 @@ mod tests {
                 "t",
                 Some((Some(RDKafkaErrorCode::TopicAuthorizationFailed), 0))
             ),
-            Err(SinkError::KafkaStop(_))
+            Err(SinkError::Stop(_))
         ));
     }
 }

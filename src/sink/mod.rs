@@ -1,14 +1,62 @@
-//! Sinks: where routed events go. A sink accepts events and later reports each one's
-//! delivery; only a successful report lets the acknowledgement move past it.
+//! Sinks: where routed events go, and the one small vocabulary the pipeline speaks with
+//! them. The pipeline knows a sink only through [`Sink`] and the [`SinkNotice`]s it sends;
+//! each sink keeps its own error table, retries, transactions and timers inside it.
 //!
-//! "Sent" and "delivered" are different states: [`Sink::send`] only hands an event over,
-//! the [`SinkNotice`] arriving on the channel given at construction says it is durable
-//! (for stdout: written and flushed; for Kafka: acknowledged by the brokers, `acks=all`).
+//! ```text
+//!            send(event, tag) ─▶ ┌──────┐
+//! pipeline   flush()          ─▶ │ sink │── its own I/O, error table, retries,
+//!   ▲        poll() per Wake  ─▶ └──────┘   transactions, timers
+//!   │                               │
+//!   └──────── SinkNotice ◀──────────┘ Delivered{tag}     durable: the ack may pass it
+//!                                     Refused{tag, ...}  this record, for a reason of its
+//!                                                        own: a dead letter
+//!                                     Retry{reason}      transient: a new attempt resends
+//!                                                        from the acknowledged position
+//!                                     Stop{reason}       definite: the operator must act
+//!                                     Wake               call poll() once
+//! ```
+//!
+//! What a sink must do (a second sink is a new file here, a [`SinkSpec`] to build it,
+//! or [`SinkSpec::Custom`] from outside the crate; the pipeline does not change):
+//!
+//! - **Sent is not delivered.** [`Sink::send`] only hands a record over; the
+//!   [`SinkNotice::Delivered`] carrying its tag says it is durable (stdout: written and
+//!   flushed; Kafka: acknowledged by the brokers, `acks=all`; exactly-once: its Kafka
+//!   transaction committed). Only that notice lets the acknowledgement pass the record,
+//!   so a sink never reports a record before it is durable. Reports may come in any
+//!   order: the ack tracker orders them.
+//! - **One answer per record.** Every record handed over is answered once, `Delivered`
+//!   or `Refused`, unless the sink ends the attempt first (`Retry`, `Stop`, or an error
+//!   from a method): then nothing unanswered is acknowledged, and a new sink gets
+//!   everything again, in order, or the relay stops.
+//! - **Classify each failure once, inside the sink.** A record refused for a reason of
+//!   its own (too large, malformed, a topic that can never take it) is
+//!   [`SinkNotice::Refused`] or [`SendError::Refused`]: it becomes a dead letter, or the
+//!   relay stops when there is no dead-letter topic. A transient failure is
+//!   [`SinkNotice::Retry`] or [`SinkError::Retry`]; one only the operator can fix is
+//!   [`SinkNotice::Stop`] or [`SinkError::Stop`], with the fix in its text. The pipeline
+//!   never asks a sink why.
+//! - **Backpressure.** [`SendError::QueueFull`] gives the record back: the pipeline
+//!   keeps it first in line, stops reading, and offers it again after the next notice
+//!   (or status tick); a sink answering it must send a notice once room is back.
+//! - **Notices are cheap.** They go through the unbounded channel given at construction,
+//!   from any thread, one per delivery report (the hot path: nothing else per record).
+//!   Work the sink must do on the pipeline's task (a timer, a client error to look into,
+//!   an answer from a background task) is announced by [`SinkNotice::Wake`]; the
+//!   pipeline then calls [`Sink::poll`] once, in the channel's order, which answers `Ok`
+//!   or a [`SinkError`] (retry or stop).
+//! - **The rest is optional.** Topics ([`Sink::topic_status`], [`Sink::ensure_topic`]),
+//!   a session start ([`Sink::begin_session`]: a checkpoint of what the destination
+//!   already holds) and the source's transaction boundaries have defaults that suit a
+//!   sink without topics or transactions (stdout, the tests' memory sink).
 
 pub mod checkpoint;
 pub mod kafka;
+pub mod kafka_checkpoint;
 pub mod kafka_config;
+pub mod kafka_delivery;
 pub mod kafka_eos;
+pub mod kafka_eos_state;
 pub mod kafka_errors;
 pub mod kafka_log;
 pub mod kafka_placement;
@@ -128,7 +176,7 @@ impl SinkSpec {
 pub enum TopicStatus {
     /// Records can be sent to it.
     Ready,
-    /// Being created or checked; a [`SinkNotice::Topic`] follows.
+    /// Being created or checked; a [`SinkNotice::Wake`] follows once it is known.
     Waiting,
     /// Refused for good (an illegal name): its events are dead letters.
     Refused(String),
@@ -146,34 +194,25 @@ pub struct RecordTag {
     pub dead_letter: bool,
 }
 
-/// What a sink tells the pipeline, asynchronously.
+/// What a sink tells the pipeline, asynchronously (see the module doc).
 #[derive(Debug)]
 pub enum SinkNotice {
     /// The record tagged `tag` is durable.
     Delivered { tag: RecordTag },
     /// The record tagged `tag` was refused for good, for a reason of its own (too
-    /// large, malformed, a topic name Kafka refuses).
-    Failed {
+    /// large, malformed, a topic the destination refuses): dead-letter it.
+    Refused {
         tag: RecordTag,
         failure: DeliveryFailure,
     },
-    /// A transient failure, or the sink cannot go on (a fatal idempotent-producer
-    /// error): rebuild it and resend everything not yet acknowledged, in order.
+    /// A transient failure: end this attempt; a new sink gets everything not yet
+    /// acknowledged, in order. `reason` is the text the operator sees.
     Retry { reason: String },
     /// A failure only the operator can fix (authorization, configuration): stop
-    /// without acknowledging it.
+    /// without acknowledging anything more. `reason` says what to do.
     Stop { reason: String },
-    /// The client reported an error; it may have become fatal (librdkafka does not
-    /// flag fatal errors in its error callback, so the pipeline asks the client).
-    ClientError,
-    /// An exactly-once sink's open Kafka transaction may be due for its commit: call
-    /// [`Sink::flush`].
-    Due,
-    /// A topic [`Sink::topic_status`] was preparing is ready, or why not.
-    Topic {
-        topic: String,
-        outcome: Result<(), SinkError>,
-    },
+    /// The sink has bookkeeping to do on the pipeline's task: call [`Sink::poll`] once.
+    Wake,
 }
 
 /// A definite refusal of one record (oversize, malformed, illegal topic).
@@ -216,27 +255,26 @@ pub enum SendError {
     Sink(#[from] SinkError),
 }
 
-/// A sink failure.
+/// A sink failure, classified once where it happens: whether a new attempt can outlive
+/// it is decided by the variant. The texts are the sink's own, shown as they are.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
-    #[error("writing to stdout failed: {0}")]
-    Stdout(#[from] std::io::Error),
-    #[error("cannot create the Kafka producer: {0}")]
-    KafkaSetup(String),
-    #[error("Kafka producer failed: {0}")]
-    KafkaFatal(String),
-    /// A transient failure: the producer is rebuilt and everything unacknowledged is
-    /// sent again.
-    #[error("Kafka delivery failed: {0}; rebuilding the producer and resending everything not yet acknowledged")]
-    KafkaRetry(String),
+    /// The sink cannot be built (its configuration): definite.
+    #[error("{0}")]
+    Setup(String),
+    /// A transient failure: a new attempt (a new sink, everything not yet acknowledged
+    /// sent again, in order) can outlive it.
+    #[error("{0}")]
+    Retry(String),
     /// A failure the operator must fix; the message says how.
     #[error("{0}")]
-    KafkaStop(String),
-    /// Kafka refuses this topic for good (an illegal name): its events are dead letters.
+    Stop(String),
+    /// The destination refuses this topic for good (an illegal name): its events are
+    /// dead letters.
     #[error("topic {topic:?}: {reason}")]
-    Topic { topic: String, reason: String },
-    /// The topic could not be checked or created because the brokers did not answer:
-    /// retry later, the event is not at fault.
+    TopicRefused { topic: String, reason: String },
+    /// The topic could not be checked or created because the destination did not
+    /// answer: retry later, the event is not at fault.
     #[error("topic {topic:?}: {reason}")]
     TopicUnavailable { topic: String, reason: String },
 }
@@ -246,18 +284,15 @@ impl SinkError {
     /// again) can outlive this error.
     pub fn is_transient(&self) -> bool {
         match self {
-            SinkError::KafkaFatal(_)
-            | SinkError::KafkaRetry(_)
-            | SinkError::TopicUnavailable { .. } => true,
-            SinkError::Stdout(_)
-            | SinkError::KafkaSetup(_)
-            | SinkError::KafkaStop(_)
-            | SinkError::Topic { .. } => false,
+            SinkError::Retry(_) | SinkError::TopicUnavailable { .. } => true,
+            SinkError::Setup(_) | SinkError::Stop(_) | SinkError::TopicRefused { .. } => false,
         }
     }
 }
 
-/// Where events go. The pipeline knows a sink only through this trait.
+/// Where events go. The pipeline knows a sink only through this trait and its notices
+/// (the module doc says what a sink must do); `send` and `flush` are all a sink without
+/// topics, sessions or background work needs.
 pub trait Sink: Send {
     /// Hand one record over. Its notice, carrying `tag`, arrives later on the notice
     /// channel.
@@ -267,26 +302,31 @@ pub trait Sink: Send {
     /// and at shutdown) so its notices can follow.
     fn flush(&mut self) -> Result<(), SinkError>;
 
+    /// Called once for each [`SinkNotice::Wake`], in the channel's order: do the
+    /// bookkeeping the sink woke the pipeline for. `Err` ends the attempt (retry or
+    /// stop, by the error's variant).
+    fn poll(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+
     /// Whether records for `topic` can be sent now. A sink that must prepare topics
     /// starts doing so when it first sees one (without blocking) and answers
-    /// [`TopicStatus::Waiting`]; a [`SinkNotice::Topic`] follows, which the pipeline
-    /// hands back through [`Sink::topic_prepared`]. Sinks without topics: always ready.
+    /// [`TopicStatus::Waiting`], then sends a [`SinkNotice::Wake`] once it knows (its
+    /// [`Sink::poll`] takes the outcome in). Sinks without topics: always ready.
     fn topic_status(&mut self, _topic: &str) -> TopicStatus {
         TopicStatus::Ready
     }
 
-    /// The outcome of a topic [`Sink::topic_status`] was preparing.
-    fn topic_prepared(&mut self, _topic: &str, _outcome: &Result<(), SinkError>) {}
-
     /// Make sure `topic` can take records, waiting for the answer (the dead-letter
-    /// topic, before streaming starts).
+    /// topic, before streaming starts; each topic of a backfill).
     fn ensure_topic<'a>(&'a mut self, _topic: &'a str) -> SinkFuture<'a, Result<(), SinkError>> {
         Box::pin(async { Ok(()) })
     }
 
     /// Called once streaming has started (the slot is this relay's), before the first
-    /// record: an exactly-once sink fences older producers of its transactional id and
-    /// answers the last committed checkpoint, whose transactions the pipeline skips.
+    /// record: a sink that keeps its own checkpoint (Kafka exactly-once: fencing older
+    /// producers, then reading the last committed one) answers it, and the pipeline
+    /// skips the transactions it covers.
     fn begin_session<'a>(
         &'a mut self,
         _session: &'a Session,
@@ -302,18 +342,5 @@ pub trait Sink: Send {
     /// records was handed over.
     fn transaction_end(&mut self, _end_lsn: Lsn) -> Result<(), SinkError> {
         self.flush()
-    }
-
-    /// A failure after which the relay must stop rather than start again (an
-    /// exactly-once producer fenced by a newer one).
-    fn stop_reason(&self) -> Option<String> {
-        None
-    }
-
-    /// Why the sink cannot go on, when it has failed for good (a fatal idempotent
-    /// producer error: librdkafka does not flag those in its error callback, so the
-    /// pipeline asks after a [`SinkNotice::ClientError`] or a retry).
-    fn fatal_error(&self) -> Option<String> {
-        None
     }
 }

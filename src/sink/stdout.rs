@@ -140,10 +140,15 @@ fn push_json_string(line: &mut Vec<u8>, text: &str) {
     let _ = serde_json::to_writer(&mut *line, text);
 }
 
+/// Stdout cannot take what the relay writes (a closed pipe, a full disk): definite.
+fn write_failed(error: std::io::Error) -> SinkError {
+    SinkError::Stop(format!("writing to stdout failed: {error}"))
+}
+
 impl<W: Write + Send> Sink for StdoutSink<W> {
     fn send(&mut self, event: OutboxEvent, tag: RecordTag) -> Result<(), SendError> {
         render_line(&event, &mut self.line);
-        self.out.write_all(&self.line).map_err(SinkError::from)?;
+        self.out.write_all(&self.line).map_err(write_failed)?;
         self.unflushed.push(tag);
         if self.metrics.is_some() {
             match self
@@ -162,7 +167,7 @@ impl<W: Write + Send> Sink for StdoutSink<W> {
         if self.unflushed.is_empty() {
             return Ok(());
         }
-        self.out.flush()?;
+        self.out.flush().map_err(write_failed)?;
         for tag in self.unflushed.drain(..) {
             // A closed channel means the pipeline is gone; nothing is left to tell.
             let _ = self.reports.send(SinkNotice::Delivered { tag });

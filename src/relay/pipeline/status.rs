@@ -1,0 +1,229 @@
+//! The pipeline's status updates and ends: the flush position reported promptly when it
+//! moves ([`crate::relay::feedback`]) and on the timers, the outbox watch asked to vouch
+//! for what is acknowledged, the acknowledged position recorded in the state table, and
+//! the two ways an attempt ends with deliveries in flight: [`Pipeline::settle`] after
+//! PostgreSQL went away, [`Pipeline::drain`] at shutdown (with the final status update).
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::metrics::Metrics;
+use crate::pg::diagnose;
+use crate::pg::replication::StandbyStatusUpdate;
+use crate::relay::feedback::{feedback, Feedback};
+use crate::relay::record::RecordStep;
+use crate::relay::watch::WatchReport;
+use crate::relay::RelayError;
+
+use super::{now_pg, Pipeline, CLOSE_WAIT};
+
+impl Pipeline {
+    /// After a delivery report: when it moved the acknowledged position, send a status
+    /// update now, or once [`PROMPT_ACK_GAP`](crate::relay::feedback::PROMPT_ACK_GAP) has
+    /// passed since the last one.
+    pub(super) async fn report_progress_promptly(&mut self) -> Result<(), RelayError> {
+        self.ask_watch();
+        let flush = self.tracker.flush_lsn();
+        match feedback(
+            flush,
+            self.last_reported,
+            self.last_status_at,
+            Instant::now(),
+        ) {
+            Feedback::Idle => {}
+            Feedback::SendNow => self.send_status(false).await?,
+            Feedback::SendAt(due) => {
+                if self.status_due.is_none() {
+                    self.status_due = Some(tokio::time::Instant::from_std(due));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks the watch to vouch for what waits to be acknowledged; when it is too soon for
+    /// another check, a status update is owed at the time it may ask again.
+    pub(super) fn ask_watch(&mut self) {
+        if !self.tracker.wants_vouching() {
+            return;
+        }
+        if let Some(next) = self.watch.request(Instant::now()) {
+            let next = tokio::time::Instant::from_std(next);
+            self.status_due = Some(self.status_due.map_or(next, |due| due.min(next)));
+        }
+    }
+
+    /// A check of the outbox watch came back: raise the vouched bound, or stop.
+    pub(super) fn on_watch_report(&mut self, report: WatchReport) -> Result<(), RelayError> {
+        match report {
+            WatchReport::Vouched(lsn) => {
+                self.tracker.vouch(lsn);
+                Ok(())
+            }
+            WatchReport::Changed(change) => Err(RelayError::OutboxUnpublished {
+                repair: change.repair(&self.publication, &self.table),
+                change: change.to_string(),
+                since: self.tracker.vouched(),
+            }),
+            WatchReport::Failed(error) => Err(RelayError::Pg(error)),
+            WatchReport::Invalid(message) => Err(diagnose::SetupError::Definite(message).into()),
+        }
+    }
+
+    /// Writes the acknowledged position into the state table when events were
+    /// acknowledged since the last record, at most once per [`RECORD_GAP`](crate::relay::record::RECORD_GAP).
+    pub(super) fn record_position(&mut self) {
+        let now = Instant::now();
+        match self.recorder.step(self.last_reported, now) {
+            RecordStep::Write(lsn) if self.watch.record(lsn) => self.recorder.written(lsn, now),
+            // A write is still queued: try again a gap later.
+            RecordStep::Write(_) => self.record_owed_at(now + crate::relay::record::RECORD_GAP),
+            RecordStep::At(at) => self.record_owed_at(at),
+            RecordStep::Nothing => {}
+        }
+    }
+
+    pub(super) fn record_owed_at(&mut self, at: Instant) {
+        let at = tokio::time::Instant::from_std(at);
+        self.record_due = Some(self.record_due.map_or(at, |due| due.min(at)));
+    }
+
+    pub(super) async fn send_status(&mut self, reply_requested: bool) -> Result<(), RelayError> {
+        self.sink.flush()?;
+        self.take_ready_notices()?;
+        let flush = self.tracker.flush_lsn();
+        self.progress.flush_lsn = flush;
+        let update = StandbyStatusUpdate {
+            write: self.tracker.received().max(flush),
+            flush,
+            apply: flush,
+            client_time: now_pg(),
+            reply_requested,
+        };
+        tracing::debug!(write = %update.write, flush = %flush, "status update");
+        self.conn.send_status(&update).await?;
+        self.last_status_at = Instant::now();
+        self.last_reported = flush;
+        self.record_position();
+        // This update carries everything acknowledged so far: nothing is owed, unless
+        // deliveries wait for the watch to vouch for them (some may have been reported
+        // by the flush above, whose notices no other branch sees): ask for a check, or
+        // owe an update at the time one may be asked.
+        self.status_due = None;
+        self.ask_watch();
+        Metrics::set(&self.metrics.flush_lsn, flush.0);
+        Metrics::set(&self.metrics.received_lsn, update.write.0);
+        Metrics::set(
+            &self.metrics.replication_lag_bytes,
+            update.write.0.saturating_sub(flush.0),
+        );
+        self.commit_times.acknowledged(flush);
+        self.update_ages();
+        Metrics::set(&self.metrics.in_flight, self.tracker.in_flight());
+        Metrics::set(
+            &self.metrics.in_flight_bytes,
+            self.tracker.in_flight_bytes(),
+        );
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Metrics::set(&self.metrics.last_status_unix_seconds, unix);
+        Ok(())
+    }
+
+    pub(super) fn log_progress(&mut self) {
+        if self.progress != self.logged {
+            tracing::info!(
+                events = self.progress.events,
+                dead_lettered = self.progress.dead_lettered,
+                transactions = self.progress.transactions,
+                flush_lsn = %self.progress.flush_lsn,
+                in_flight = self.tracker.in_flight(),
+                "progress"
+            );
+            self.logged = self.progress;
+        }
+    }
+
+    /// After PostgreSQL went away: flush the sink and wait (at most `timeout`) for the
+    /// delivery reports of what is in flight, so that the next session knows it
+    /// delivered (nothing is acknowledged: the connection is gone). A report that ends
+    /// the sink's session ends the wait.
+    pub(in crate::relay) async fn settle(&mut self, timeout: Duration) {
+        if self.sink.flush().is_err() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.tracker.in_flight() > 0 {
+            match tokio::time::timeout_at(deadline, self.notices.recv()).await {
+                Ok(Some(notice)) => {
+                    if self.on_notice(notice).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+
+    /// Graceful end: flush the sink, wait (bounded) for in-flight deliveries, and send
+    /// a final status update with what is delivered.
+    /// The heartbeat goes on meanwhile (every `beat`), so a standby does not take the
+    /// slot from a relay that is only waiting for its last deliveries.
+    pub(in crate::relay) async fn drain(
+        &mut self,
+        timeout: Duration,
+        beat: Duration,
+    ) -> Result<(), RelayError> {
+        self.sink.flush()?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
+        while self.tracker.in_flight() > 0 {
+            self.pump()?;
+            let next = tokio::select! {
+                next = tokio::time::timeout_at(deadline, self.notices.recv()) => next,
+                _ = heartbeat.tick() => {
+                    self.send_status(false).await?;
+                    continue;
+                }
+            };
+            match next {
+                Ok(Some(notice)) => self.on_notice(notice)?,
+                Ok(None) => break,
+                Err(_) => {
+                    tracing::warn!(
+                        in_flight = self.tracker.in_flight(),
+                        "shutdown timeout: undelivered events are not acknowledged and will be sent again after restart"
+                    );
+                    break;
+                }
+            }
+        }
+        // The final update may acknowledge only what the watch vouched for: ask until it
+        // vouches for everything delivered. A check already under way when the shutdown
+        // came may have read its position before the last transaction committed, so its
+        // report can fall short; the check asked after it cannot (it reads the position
+        // after every delivered commit), so this takes at most two rounds.
+        self.take_ready_notices()?;
+        let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
+        while self.tracker.wants_vouching() {
+            self.watch.request_now();
+            match tokio::time::timeout_at(deadline, self.watch.next_report()).await {
+                Ok(Some(report)) => self.on_watch_report(report)?,
+                Ok(None) | Err(_) => {
+                    tracing::warn!("the outbox check did not answer at shutdown: the last delivered events are acknowledged after the next start");
+                    break;
+                }
+            }
+        }
+        self.send_status(false).await?;
+        // A record still owed (acknowledged within the last RECORD_GAP): written now and
+        // awaited, so a rewind of the slot after this stop sends none of it again.
+        if self.recorder.owes(self.last_reported) {
+            let lsn = self.last_reported;
+            if !self.watch.record_and_wait(lsn, CLOSE_WAIT).await {
+                tracing::warn!(acknowledged = %lsn, "the last acknowledged position could not be recorded at shutdown: if PostgreSQL rewinds the slot, events acknowledged in the last second are sent again");
+            }
+        }
+        Ok(())
+    }
+}
