@@ -327,8 +327,11 @@ fn commit_blocking(
             producer.client().fatal_error(),
         ) {
             SinkError::Stop(reason) => notifier.notify(SinkNotice::Stop { reason }),
-            // Checked again for fencing and a fatal error by the sink's poll.
-            other => notifier.wake(Wakeup::Retry(other.to_string())),
+            // Checked again for fencing and a fatal error by the sink's poll, which
+            // words the retry (the reason alone here, or it would say it twice).
+            _ => notifier.wake(Wakeup::Retry(format!(
+                "committing the Kafka transaction failed: {error}"
+            ))),
         },
     }
 }
