@@ -14,6 +14,7 @@ pub mod record;
 pub mod router;
 pub mod run;
 pub mod settings;
+pub mod source;
 pub mod takeover;
 pub mod txn;
 pub mod watch;

@@ -25,9 +25,15 @@
 //! a new topic answers [`TopicStatus::Waiting`](crate::sink::TopicStatus::Waiting) and wakes the loop when it knows; the
 //! events behind it wait, in order, in `waiting`, while status updates go on.
 //!
-//! The loop and the stream's steps are here; the sink side (queueing, pumping, notices,
+//! The loop reads PostgreSQL only through [`ReplicationStream`] (a started
+//! `PgConnection`, or the unit tests' scripted stream: `pipeline/tests.rs`), and is built
+//! by [`Pipeline::new`] from a [`Start`] that [`crate::relay::run`] decides once the
+//! source is prepared.
+//!
+//! The loop, its bounds and liveness are here; the sink side (queueing, pumping, notices,
 //! dead letters) is `pipeline/deliveries.rs`, status updates and the ends of an attempt
-//! (settle, drain) `pipeline/status.rs`, logical decoding messages
+//! (settle, drain) `pipeline/status.rs`, the stream's steps (decoding, assembly, the
+//! checkpoint's skip) `pipeline/steps.rs`, logical decoding messages
 //! `pipeline/messages.rs`. Every state transition lives in the pure parts (`txn`,
 //! `router`, `ack`, `deadletter`); this loop only moves values between them. Retryable failures end the
 //! attempt; [`crate::relay::run`] starts a new one from the slot's acknowledged
@@ -40,26 +46,29 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, watch};
 
 use crate::metrics::{unix_ms_now, AgeWriter, Metrics};
-use crate::pg::conn::{CopyEvent, DbError, PgConnection, PgError};
-use crate::pg::diagnose;
-use crate::pg::pgoutput::{self, PgTimestamp, StreamState};
-use crate::pg::replication::ReplicationFrame;
+use crate::pg::conn::PgConnection;
+use crate::pg::pgoutput::PgTimestamp;
+use crate::pg::sql::QualifiedName;
 use crate::pg::Lsn;
 use crate::relay::ack::{AckTracker, InFlightLimits};
 use crate::relay::lag::CommitTimes;
-use crate::relay::liveness::{Liveness, TickInput};
+use crate::relay::liveness::{Liveness, LivenessLimits, TickInput};
 use crate::relay::record::{Recorder, Resume};
 use crate::relay::router::OutboxEvent;
+use crate::relay::source::ReplicationStream;
 use crate::relay::takeover::heartbeat;
-use crate::relay::txn::{Step, TxnAssembler};
+use crate::relay::txn::TxnAssembler;
 use crate::relay::watch::OutboxWatch;
 use crate::relay::RelayError;
-use crate::sink::checkpoint::{skip_for, Checkpoint, Skip};
+use crate::sink::checkpoint::Checkpoint;
 use crate::sink::{RecordTag, Sink, SinkNotice};
 
 mod deliveries;
 mod messages;
 mod status;
+mod steps;
+#[cfg(test)]
+mod tests;
 
 /// `/healthz` fails when the loop has not turned for this many status intervals.
 pub(super) const HEALTHY_TICKS: u32 = 3;
@@ -99,60 +108,163 @@ enum Place {
     Back,
 }
 
-pub(super) struct Pipeline {
-    pub(super) conn: PgConnection,
-    pub(super) sink: Box<dyn Sink>,
-    pub(super) notices: mpsc::UnboundedReceiver<SinkNotice>,
-    pub(super) tracker: AckTracker,
+pub(super) struct Pipeline<S = PgConnection> {
+    conn: S,
+    sink: Box<dyn Sink>,
+    notices: mpsc::UnboundedReceiver<SinkNotice>,
+    tracker: AckTracker,
+    assembler: TxnAssembler,
+    /// `[relay] max_in_flight` and `max_in_flight_bytes`.
+    limits: InFlightLimits,
+    dead_letter_topic: Option<String>,
+    /// The outbox table, for dead-letter headers.
+    source_table: String,
+    /// The publication streamed from, to recognise notices about it (and for the
+    /// repair advice when the watch sees a change).
+    publication: String,
+    /// Records not yet handed to the sink, in order: waiting for their topic to be
+    /// created (off the loop) or for producer queue room. Input pauses meanwhile.
+    waiting: VecDeque<Waiting>,
+    progress: Progress,
+    logged: Progress,
+    /// When PostgreSQL, the watch or the sink is taken for dead.
+    liveness: Liveness,
+    /// Commit times of the transactions not yet acknowledged (lag and latency).
+    commit_times: CommitTimes,
+    metrics: Arc<Metrics>,
+    /// When the last status update went out, and the flush position it carried.
+    last_status_at: Instant,
+    last_reported: Lsn,
+    /// When to write the acknowledged position into the state table.
+    recorder: Recorder,
+    /// A record owed, due at this instant.
+    record_due: Option<tokio::time::Instant>,
+    /// Skipping what the state table's record shows delivered (`committed` was built
+    /// from it): counted until the first transaction past it.
+    resume: Option<Resume>,
+    /// The open transaction carried an event (or a dead letter).
+    txn_had_events: bool,
+    /// A status update owed for a moved position, due at this instant.
+    status_due: Option<tokio::time::Instant>,
+    /// Vouches for the positions acknowledged (the outbox is still published).
+    watch: OutboxWatch,
+    /// For the repair advice when the watch sees a change.
+    table: QualifiedName,
+    /// Exactly-once: the last checkpoint Kafka committed before this session; the
+    /// transactions it covers are skipped ([`skip_for`]).
+    committed: Option<Checkpoint>,
+    /// Events of the open transaction still to skip (`u64::MAX`: all of them).
+    skip_left: u64,
+    /// Writers of `metrics.oldest_undelivered` and `metrics.oldest_unacknowledged_commit`
+    /// (carried over from earlier attempts).
+    undelivered_age: AgeWriter,
+    lag_age: AgeWriter,
+}
+
+/// Where a pipeline starts and what bounds it, decided before streaming
+/// ([`crate::relay::run`]) from the settings and the prepared source.
+pub(super) struct Start {
+    /// The slot's acknowledged position: nothing before it is sent, and it is the
+    /// first flush position reported.
+    pub(super) slot_lsn: Lsn,
+    /// What the state table holds already (the recorder writes only past it).
+    pub(super) recorded: Lsn,
+    /// Turns decoded messages into transactions and routed events.
     pub(super) assembler: TxnAssembler,
     /// `[relay] max_in_flight` and `max_in_flight_bytes`.
     pub(super) limits: InFlightLimits,
+    /// The status interval, the receive timeout and the stall release.
+    pub(super) liveness: LivenessLimits,
     pub(super) dead_letter_topic: Option<String>,
-    /// The outbox table, for dead-letter headers.
-    pub(super) source_table: String,
-    /// The publication streamed from, to recognise notices about it (and for the
-    /// repair advice when the watch sees a change).
     pub(super) publication: String,
-    /// Records not yet handed to the sink, in order: waiting for their topic to be
-    /// created (off the loop) or for producer queue room. Input pauses meanwhile.
-    pub(super) waiting: VecDeque<Waiting>,
-    pub(super) progress: Progress,
-    pub(super) logged: Progress,
-    /// When PostgreSQL, the watch or the sink is taken for dead.
-    pub(super) liveness: Liveness,
-    /// Commit times of the transactions not yet acknowledged (lag and latency).
-    pub(super) commit_times: CommitTimes,
-    pub(super) metrics: Arc<Metrics>,
-    /// When the last status update went out, and the flush position it carried.
-    pub(super) last_status_at: Instant,
-    pub(super) last_reported: Lsn,
-    /// When to write the acknowledged position into the state table.
-    pub(super) recorder: Recorder,
-    /// A record owed, due at this instant.
-    pub(super) record_due: Option<tokio::time::Instant>,
-    /// Skipping what the state table's record shows delivered (`committed` was built
-    /// from it): counted until the first transaction past it.
-    pub(super) resume: Option<Resume>,
-    /// The open transaction carried an event (or a dead letter).
-    pub(super) txn_had_events: bool,
-    /// A status update owed for a moved position, due at this instant.
-    pub(super) status_due: Option<tokio::time::Instant>,
-    /// Vouches for the positions acknowledged (the outbox is still published).
-    pub(super) watch: OutboxWatch,
-    /// For the repair advice when the watch sees a change.
-    pub(super) table: crate::pg::sql::QualifiedName,
-    /// Exactly-once: the last checkpoint Kafka committed before this session; the
-    /// transactions it covers are skipped ([`skip_for`]).
+    /// The outbox table (dead-letter headers, repair advice).
+    pub(super) table: QualifiedName,
+    /// The transactions to skip: a checkpoint Kafka committed (exactly-once), or the
+    /// state table's record shaped as one.
     pub(super) committed: Option<Checkpoint>,
-    /// Events of the open transaction still to skip (`u64::MAX`: all of them).
-    pub(super) skip_left: u64,
-    /// Writers of `metrics.oldest_undelivered` and `metrics.oldest_unacknowledged_commit`
-    /// (carried over from earlier attempts).
-    pub(super) undelivered_age: AgeWriter,
-    pub(super) lag_age: AgeWriter,
+    /// Counted while skipping what the record covers.
+    pub(super) resume: Option<Resume>,
 }
 
-impl Pipeline {
+impl<S: ReplicationStream> Pipeline<S> {
+    /// A pipeline on a started stream, a sink built for it (sending to `notices`) and
+    /// the outbox watch vouching for the positions it acknowledges. Nothing is
+    /// acknowledged before the watch's first report.
+    pub(super) fn new(
+        stream: S,
+        (sink, notices): (Box<dyn Sink>, mpsc::UnboundedReceiver<SinkNotice>),
+        watch: OutboxWatch,
+        start: Start,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let Start {
+            slot_lsn,
+            recorded,
+            assembler,
+            limits,
+            liveness,
+            dead_letter_topic,
+            publication,
+            table,
+            committed,
+            resume,
+        } = start;
+        let mut tracker = AckTracker::new(slot_lsn, assembler.next_seq());
+        // Nothing is acknowledged until the watch has vouched for it.
+        tracker.cap_at(slot_lsn);
+        let progress = Progress {
+            flush_lsn: slot_lsn,
+            ..Progress::default()
+        };
+        let now = now();
+        Pipeline {
+            conn: stream,
+            sink,
+            notices,
+            tracker,
+            assembler,
+            limits,
+            dead_letter_topic,
+            source_table: table.to_string(),
+            publication,
+            waiting: VecDeque::new(),
+            progress,
+            logged: progress,
+            liveness: Liveness::new(liveness, now),
+            commit_times: CommitTimes::default(),
+            last_status_at: now,
+            last_reported: slot_lsn,
+            recorder: Recorder::new(recorded),
+            record_due: None,
+            resume,
+            txn_had_events: false,
+            status_due: None,
+            watch,
+            table,
+            committed,
+            skip_left: 0,
+            // What earlier attempts left waiting still waits: the ages go on from there.
+            undelivered_age: AgeWriter::new(&metrics.oldest_undelivered),
+            lag_age: AgeWriter::new(&metrics.oldest_unacknowledged_commit),
+            metrics,
+        }
+    }
+
+    /// What this attempt counted so far.
+    pub(super) fn progress(&self) -> Progress {
+        self.progress
+    }
+
+    /// The position up to which every transaction was delivered (whatever was
+    /// acknowledged): for the next session's resume ([`crate::relay::record::Delivered`]).
+    pub(super) fn delivered_through(&mut self) -> Lsn {
+        self.tracker.delivered_through()
+    }
+
+    /// Closes the replication stream politely (bounded by `wait`).
+    pub(super) async fn close(self, wait: Duration) {
+        self.conn.close(wait).await;
+    }
     pub(super) async fn stream(
         &mut self,
         interval: Duration,
@@ -183,7 +295,7 @@ impl Pipeline {
                 _ = heartbeat.tick() => {
                     // Skipped when an update went out within the last half beat (prompt
                     // acknowledgements under load): the gap stays under 1.5 beats.
-                    if self.last_status_at.elapsed() >= beat / 2 {
+                    if now().saturating_duration_since(self.last_status_at) >= beat / 2 {
                         self.send_status(false).await?;
                     }
                 }
@@ -218,8 +330,8 @@ impl Pipeline {
                     self.send_status(probe).await?;
                     self.log_progress();
                 }
-                event = self.conn.next_copy_event(), if reading => {
-                    self.liveness.received(Instant::now());
+                event = self.conn.next_event(), if reading => {
+                    self.liveness.received(now());
                     self.on_copy_event(event?).await?;
                     // The frames already received, in the same turn while there is room:
                     // one turn per read from the socket, not per frame. Bounded, so that
@@ -228,7 +340,7 @@ impl Pipeline {
                         if !self.reading() {
                             break;
                         }
-                        match self.conn.buffered_copy_event()? {
+                        match self.conn.buffered_event()? {
                             Some(event) => self.on_copy_event(event).await?,
                             None => break,
                         }
@@ -244,29 +356,10 @@ impl Pipeline {
         self.waiting.is_empty() && self.tracker.has_room(self.limits)
     }
 
-    async fn on_copy_event(&mut self, event: CopyEvent) -> Result<(), RelayError> {
-        match event {
-            CopyEvent::Frame(ReplicationFrame::XLogData(xlog)) => {
-                let message = pgoutput::decode(&xlog.data, StreamState::Outside)?;
-                let step = self.assembler.apply(message, xlog.wal_start)?;
-                self.on_step(step)?;
-            }
-            CopyEvent::Frame(ReplicationFrame::Keepalive(keepalive)) => {
-                self.tracker.keepalive(keepalive.wal_end);
-                if keepalive.reply_requested {
-                    self.send_status(false).await?;
-                }
-            }
-            CopyEvent::Notice(notice) => self.on_server_notice(notice)?,
-            CopyEvent::Done => return Err(RelayError::StreamEnded),
-        }
-        Ok(())
-    }
-
     /// Called on every status tick ([`Liveness::tick`]); returns whether this status
     /// update should ask PostgreSQL for a reply.
     fn check_liveness(&mut self, reading: bool) -> Result<bool, RelayError> {
-        let now = Instant::now();
+        let now = now();
         let oldest_undelivered = self.tracker.oldest_undelivered_age(now);
         self.update_ages();
         let tick = TickInput {
@@ -285,7 +378,7 @@ impl Pipeline {
         let now_ms = unix_ms_now();
         let waiting_since = self
             .tracker
-            .oldest_undelivered_age(Instant::now())
+            .oldest_undelivered_age(now())
             .map(|age| now_ms.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)));
         let acknowledged = self.last_reported.0;
         let received = self.tracker.received().0;
@@ -305,128 +398,6 @@ impl Pipeline {
             acknowledged,
             received,
         );
-    }
-
-    /// A notice in the middle of the stream is logged; one saying that PostgreSQL skips
-    /// changes because the publication is missing (PostgreSQL 18) stops the relay
-    /// before anything after it is acknowledged, as the ERROR of earlier versions does.
-    fn on_server_notice(&mut self, notice: DbError) -> Result<(), RelayError> {
-        if diagnose::skips_publication(&notice, &self.publication) {
-            return Err(RelayError::Pg(PgError::Db(notice)));
-        }
-        tracing::warn!(notice = %notice, "PostgreSQL sent a notice on the replication stream");
-        Ok(())
-    }
-
-    fn on_step(&mut self, step: Step) -> Result<(), RelayError> {
-        match step {
-            Step::Begin {
-                seq,
-                commit_ts_ms,
-                final_lsn,
-            } => {
-                self.tracker.begin(seq)?;
-                self.commit_times.begin(seq, commit_ts_ms);
-                let skip = skip_for(self.committed.as_ref(), final_lsn);
-                self.count_resume(&skip);
-                self.skip_left = skip.events();
-                let skipped = match skip {
-                    Skip::First(n) => {
-                        tracing::info!(
-                            commit_lsn = %final_lsn,
-                            committed_events = n,
-                            "{}",
-                            super::log::RESUMING_SPLIT
-                        );
-                        n
-                    }
-                    Skip::All | Skip::Nothing => 0,
-                };
-                self.sink.transaction_begin(final_lsn, skipped);
-            }
-            Step::Event { .. } if self.skip_committed() => {
-                // Skipped on the strength of the record or of this process's memory
-                // (crate::relay::record): once acknowledged, its position is recorded
-                // like any delivered transaction's, so that a process started after a
-                // later fault does not send it again. (What the record itself covers
-                // is not written twice: the recorder starts from it.)
-                if self.resume.is_some() {
-                    self.txn_had_events = true;
-                }
-            }
-            Step::Event { seq, event } => {
-                self.txn_had_events = true;
-                match event {
-                    Ok(event) => self.dispatch(event, seq)?,
-                    Err(row_error) => self.dead_letter_row(row_error, seq)?,
-                }
-                if !self.tracker.has_room(self.limits) || !self.waiting.is_empty() {
-                    // About to stop reading: make sure what is buffered can be delivered.
-                    self.sink.flush()?;
-                }
-            }
-            Step::Commit { seq, end_lsn } => {
-                self.tracker.commit(seq, end_lsn)?;
-                self.commit_times.commit(seq, end_lsn);
-                if self.txn_had_events {
-                    self.recorder.event_commit(end_lsn);
-                    self.txn_had_events = false;
-                }
-                self.progress.transactions += 1;
-                Metrics::add(&self.metrics.transactions, 1);
-                self.skip_left = 0;
-                self.sink.transaction_end(end_lsn)?;
-            }
-            Step::Message { .. }
-            | Step::Standalone { .. }
-            | Step::Refused { .. }
-            | Step::Ignored => self.on_message_step(step)?,
-            Step::Nothing => {}
-        }
-        Ok(())
-    }
-
-    /// Whether the next event of the open transaction is one Kafka committed before
-    /// this session (exactly-once checkpoint): then it is dropped here, and counted.
-    pub(super) fn skip_committed(&mut self) -> bool {
-        if self.skip_left == 0 {
-            return false;
-        }
-        if self.skip_left != u64::MAX {
-            self.skip_left -= 1;
-        }
-        match &mut self.resume {
-            Some(resume) => {
-                resume.events += 1;
-                Metrics::add(&self.metrics.skipped_recorded, 1);
-            }
-            None => Metrics::add(&self.metrics.skipped_committed, 1),
-        }
-        true
-    }
-
-    /// While resuming from the state table's record: count a skipped transaction, or
-    /// log the range skipped at the first transaction past it.
-    fn count_resume(&mut self, skip: &Skip) {
-        let Some(resume) = &mut self.resume else {
-            return;
-        };
-        if matches!(skip, Skip::All) {
-            resume.transactions += 1;
-            return;
-        }
-        log_resume(resume, false);
-        self.resume = None;
-    }
-
-    /// The session ends (cut, stopped) before any transaction past the recorded range:
-    /// log what it skipped so far, which the first transaction past it would have.
-    pub(super) fn log_unfinished_resume(&mut self) {
-        if let Some(resume) = self.resume.take() {
-            if resume.transactions > 0 || resume.events > 0 {
-                log_resume(&resume, true);
-            }
-        }
     }
 }
 
@@ -465,17 +436,11 @@ impl DueTimer {
     }
 }
 
-/// The range a session skipped because the state table's record showed it delivered;
-/// `ended_inside`: the session ended before passing the recorded position.
-fn log_resume(resume: &Resume, ended_inside: bool) {
-    tracing::info!(
-        from = %resume.from,
-        through = %resume.through,
-        transactions = resume.transactions,
-        events = resume.events,
-        ended_inside_the_range = ended_inside,
-        "skipped the transactions between the slot's position and what the relay had delivered (its record, or what this process remembers): delivered before the slot rewound"
-    );
+/// The loop's clock: tokio's, so that the timers and every duration the loop measures
+/// (liveness, prompt updates, the watch's gaps, send times) read the same clock, which
+/// the unit tests pause and move. Outside tests it is the monotonic clock itself.
+pub(super) fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 /// Now, in PostgreSQL's timestamp form.

@@ -4,34 +4,32 @@
 //! [`Pipeline`](super::pipeline) loop; a new attempt starts from the slot's acknowledged
 //! position, so nothing in flight is skipped.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::metrics::{AgeWriter, Metrics};
+use crate::metrics::Metrics;
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
 use crate::pg::diagnose::{self, SetupError};
 use crate::pg::replication::StandbyStatusUpdate;
 use crate::pg::slot::{self, PreparedSource};
 use crate::pg::Lsn;
-use crate::relay::ack::AckTracker;
 use crate::relay::backoff::Backoff;
-use crate::relay::lag::CommitTimes;
-use crate::relay::liveness::{receive_timeout, status_interval, Liveness, LivenessLimits};
+use crate::relay::liveness::{receive_timeout, status_interval, LivenessLimits};
 use crate::relay::pipeline::{
-    now_pg, stopped, Pipeline, Progress, BACKOFF_RESET_AFTER, CLOSE_WAIT, HEALTHY_TICKS,
+    now_pg, stopped, Pipeline, Start, BACKOFF_RESET_AFTER, CLOSE_WAIT, HEALTHY_TICKS,
 };
-use crate::relay::record::{Delivered, Recorder, Resume};
+use crate::relay::record::Delivered;
 use crate::relay::settings::Settings;
 use crate::relay::takeover::{self, heartbeat, SilenceWatch};
 use crate::relay::txn::TxnAssembler;
 use crate::relay::watch::{OutboxWatch, WatchTarget};
 use crate::relay::RelayError;
-use crate::sink::checkpoint::Checkpoint;
 use crate::sink::{Session, SinkOptions};
+
+mod resume;
 
 /// Run the relay until `shutdown` resolves (graceful: `Ok`) or a definite error.
 /// Retryable errors restart the pipeline with capped, jittered backoff.
@@ -188,7 +186,8 @@ async fn look_at_the_active(
     }
 }
 
-/// One attempt: connect, prepare, stream until shutdown (`Ok`) or an error.
+/// One attempt: connect and prepare the source, start streaming, stream until shutdown
+/// (`Ok`) or an error.
 async fn run_attempt(
     settings: &Settings,
     mut stop: watch::Receiver<bool>,
@@ -197,33 +196,94 @@ async fn run_attempt(
     metrics: &Arc<Metrics>,
     silence: &mut SilenceWatch,
 ) -> Result<(), RelayError> {
-    let postgres = &settings.postgres;
     let spec = settings.source();
     // A server error is classified where it arises: transient ones as they are, the
     // others after asking the server's catalogs what is wrong.
     let explain = |error: PgError| diagnose::explain(error, &settings.connect, &spec);
+    let prepared = prepare(settings, &mut stop, timeline, metrics, silence).await;
+    let Some((conn, prepared)) = prepared? else {
+        return Ok(());
+    };
+    let started = start_streaming(
+        settings,
+        &mut stop,
+        conn,
+        &prepared,
+        delivered.as_ref(),
+        metrics,
+    );
+    let (mut pipeline, interval) = match started.await {
+        Ok(Some(started)) => started,
+        Ok(None) => return Ok(()),
+        Err(RelayError::Pg(error)) => return Err(explain(error).await.into()),
+        Err(other) => return Err(other),
+    };
+    // Streaming from here: /readyz says so until this attempt ends.
+    let _streaming = Streaming::start(metrics, interval, settings.relay.stall_release_ms / 2);
+    let streamed = pipeline.stream(interval, &mut stop).await;
+    pipeline.log_unfinished_resume();
+    if let Err(error) = &streamed {
+        // PostgreSQL went away (a restart, a cut link) while the sink is sound: what is in
+        // flight is still delivered, and the next session skips it (bounded wait).
+        if matches!(error, RelayError::Pg(_) | RelayError::StreamEnded) {
+            pipeline.settle(CLOSE_WAIT).await;
+        }
+        *delivered = Some(Delivered {
+            system_id: prepared.system_id.clone(),
+            timeline: prepared.timeline,
+            through: pipeline.delivered_through(),
+        });
+    }
+    match streamed {
+        Ok(()) => {}
+        Err(RelayError::Pg(error)) => return Err(explain(error).await.into()),
+        Err(other) => return Err(other),
+    }
+    pipeline
+        .drain(settings.shutdown_timeout(), heartbeat(interval))
+        .await?;
+    let progress = pipeline.progress();
+    tracing::info!(
+        events = progress.events,
+        dead_lettered = progress.dead_lettered,
+        flush_lsn = %progress.flush_lsn,
+        "stopped"
+    );
+    pipeline.close(CLOSE_WAIT).await;
+    Ok(())
+}
+
+/// Connects and prepares the source (publication, slot, checks; [`slot::prepare`]), and
+/// checks the server is the cluster and timeline streamed from before. `None`: shutdown
+/// was requested meanwhile. A standby relay, finding the slot busy, looks at the relay
+/// streaming from it first ([`look_at_the_active`]).
+async fn prepare(
+    settings: &Settings,
+    stop: &mut watch::Receiver<bool>,
+    timeline: &mut Option<(String, u32)>,
+    metrics: &Arc<Metrics>,
+    silence: &mut SilenceWatch,
+) -> Result<Option<(PgConnection, PreparedSource)>, RelayError> {
+    let spec = settings.source();
+    let explain = |error: PgError| diagnose::explain(error, &settings.connect, &spec);
     // Every wait before streaming honours a shutdown signal (a server that accepts and
     // never answers must not make SIGTERM wait for it).
-    let Some(connected) = unless_stopped(
-        &mut stop,
-        PgConnection::connect(&settings.connect, SessionKind::LogicalReplication),
-    )
-    .await
-    else {
-        return Ok(());
+    let connect = PgConnection::connect(&settings.connect, SessionKind::LogicalReplication);
+    let Some(connected) = unless_stopped(stop, connect).await else {
+        return Ok(None);
     };
     let mut conn = match connected {
         Ok(conn) => conn,
         Err(error) => return Err(explain(error).await.into()),
     };
-    let Some(prepared) = unless_stopped(&mut stop, slot::prepare(&mut conn, &spec)).await else {
-        return Ok(());
+    let Some(prepared) = unless_stopped(stop, slot::prepare(&mut conn, &spec)).await else {
+        return Ok(None);
     };
     let prepared = match prepared {
         Ok(prepared) => prepared,
         Err(SetupError::Pg(error)) => return Err(explain(error).await.into()),
         Err(active @ SetupError::SlotActive { .. }) => {
-            look_at_the_active(&mut conn, settings, silence, metrics, &mut stop).await;
+            look_at_the_active(&mut conn, settings, silence, metrics, stop).await;
             return Err(active.into());
         }
         Err(other) => return Err(other.into()),
@@ -251,24 +311,39 @@ async fn run_attempt(
         _ => {}
     }
     *timeline = Some((prepared.system_id.clone(), prepared.timeline));
+    Ok(Some((conn, prepared)))
+}
 
+/// Builds the sink, starts replication from the slot's position, begins the sink's
+/// session and starts the outbox watch: a pipeline ready to stream, and its status
+/// interval. `None`: shutdown was requested meanwhile. Errors of PostgreSQL are returned
+/// as they are (the caller explains them).
+async fn start_streaming(
+    settings: &Settings,
+    stop: &mut watch::Receiver<bool>,
+    mut conn: PgConnection,
+    prepared: &PreparedSource,
+    delivered: Option<&Delivered>,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<(Pipeline, Duration)>, RelayError> {
+    let postgres = &settings.postgres;
+    let spec = settings.source();
     let (notice_tx, notices) = mpsc::unbounded_channel();
-    let dead_letter_topic = settings.dead_letter_topic.clone();
     let mut sink = settings.sink.build(
         notice_tx,
         SinkOptions {
             max_in_flight: settings.relay.max_in_flight,
             max_in_flight_bytes: settings.relay.max_in_flight_bytes,
-            keep_events: dead_letter_topic.is_some(),
+            keep_events: settings.dead_letter_topic.is_some(),
             metrics: Arc::clone(metrics),
             slot: Some(spec.slot.to_string()),
             partition_column: settings.router.partition_column().map(str::to_owned),
         },
     )?;
-    if let Some(topic) = &dead_letter_topic {
+    if let Some(topic) = &settings.dead_letter_topic {
         // Fail fast: a dead-letter topic that cannot take records is a setup error.
-        let Some(ready) = unless_stopped(&mut stop, sink.ensure_topic(topic)).await else {
-            return Ok(());
+        let Some(ready) = unless_stopped(stop, sink.ensure_topic(topic)).await else {
+            return Ok(None);
         };
         ready?;
     }
@@ -291,12 +366,10 @@ async fn run_attempt(
         super::log::STARTING_REPLICATION
     );
     let command = slot::start_replication_command(&spec, Lsn::ZERO);
-    let Some(started) = unless_stopped(&mut stop, conn.start_copy_both(&command)).await else {
-        return Ok(());
+    let Some(started) = unless_stopped(stop, conn.start_copy_both(&command)).await else {
+        return Ok(None);
     };
-    if let Err(error) = started {
-        return Err(explain(error).await.into());
-    }
+    started?;
     // The slot is this relay's now: an exactly-once sink fences older producers of its
     // transactional id (not before: a standby must not fence the active relay) and
     // reads the last checkpoint Kafka committed.
@@ -314,28 +387,15 @@ async fn run_attempt(
         heartbeat(interval),
         sink.begin_session(&session),
     );
-    let Some(committed) = unless_stopped(&mut stop, began).await else {
-        return Ok(());
+    let Some(committed) = unless_stopped(stop, began).await else {
+        return Ok(None);
     };
-    let committed = match committed {
-        Ok(committed) => committed?,
-        Err(error) => return Err(explain(error).await.into()),
-    };
-    let (committed, resume) = match committed {
+    let (committed, resume) = match committed?? {
         // Exactly-once: the checkpoint is never behind the record (crate::relay::record).
         Some(checkpoint) => (Some(checkpoint), None),
-        None => resume_from_record(&prepared, &spec.slot, delivered.as_ref()),
+        None => resume::resume_from_record(prepared, &spec.slot, delivered),
     };
 
-    let receive_timeout = receive_timeout(
-        postgres.receive_timeout_ms.map(Duration::from_millis),
-        prepared.wal_sender_timeout,
-        interval,
-    );
-    let start = Progress {
-        flush_lsn: prepared.slot_lsn,
-        ..Progress::default()
-    };
     let mut watch_connect = settings.connect.clone();
     watch_connect.application_name.push_str(" (outbox watch)");
     let watch = OutboxWatch::start(
@@ -350,16 +410,9 @@ async fn run_attempt(
         },
         watch_connect,
     );
-    let mut tracker = AckTracker::new(prepared.slot_lsn, 0);
-    // Nothing is acknowledged until the watch has vouched for it.
-    tracker.cap_at(prepared.slot_lsn);
-    // Streaming from here: /readyz says so until this attempt ends.
-    let _streaming = Streaming::start(metrics, interval, settings.relay.stall_release_ms / 2);
-    let mut pipeline = Pipeline {
-        conn,
-        sink,
-        notices,
-        tracker,
+    let start = Start {
+        slot_lsn: prepared.slot_lsn,
+        recorded: resume::already_recorded(prepared),
         assembler: TxnAssembler::new(
             settings.router.clone(),
             settings.table.clone(),
@@ -368,67 +421,23 @@ async fn run_attempt(
         )
         .with_messages(settings.messages.clone(), settings.outbox_enabled),
         limits: settings.relay.limits(),
-        dead_letter_topic,
-        source_table: settings.table.to_string(),
+        liveness: LivenessLimits {
+            status_interval: interval,
+            receive_timeout: receive_timeout(
+                postgres.receive_timeout_ms.map(Duration::from_millis),
+                prepared.wal_sender_timeout,
+                interval,
+            ),
+            stall_release: Duration::from_millis(settings.relay.stall_release_ms),
+        },
+        dead_letter_topic: settings.dead_letter_topic.clone(),
         publication: spec.publication.clone(),
-        waiting: VecDeque::new(),
-        progress: start,
-        logged: start,
-        commit_times: CommitTimes::default(),
-        liveness: Liveness::new(
-            LivenessLimits {
-                status_interval: interval,
-                receive_timeout,
-                stall_release: Duration::from_millis(settings.relay.stall_release_ms),
-            },
-            Instant::now(),
-        ),
-        metrics: Arc::clone(metrics),
-        last_status_at: Instant::now(),
-        last_reported: prepared.slot_lsn,
-        recorder: Recorder::new(already_recorded(&prepared)),
-        record_due: None,
-        resume,
-        txn_had_events: false,
-        status_due: None,
-        watch,
         table: spec.table.clone(),
         committed,
-        skip_left: 0,
-        // What earlier attempts left waiting still waits: the ages go on from there.
-        undelivered_age: AgeWriter::new(&metrics.oldest_undelivered),
-        lag_age: AgeWriter::new(&metrics.oldest_unacknowledged_commit),
+        resume,
     };
-    let streamed = pipeline.stream(interval, &mut stop).await;
-    pipeline.log_unfinished_resume();
-    if let Err(error) = &streamed {
-        // PostgreSQL went away (a restart, a cut link) while the sink is sound: what is in
-        // flight is still delivered, and the next session skips it (bounded wait).
-        if matches!(error, RelayError::Pg(_) | RelayError::StreamEnded) {
-            pipeline.settle(CLOSE_WAIT).await;
-        }
-        *delivered = Some(Delivered {
-            system_id: prepared.system_id.clone(),
-            timeline: prepared.timeline,
-            through: pipeline.tracker.delivered_through(),
-        });
-    }
-    match streamed {
-        Ok(()) => {}
-        Err(RelayError::Pg(error)) => return Err(explain(error).await.into()),
-        Err(other) => return Err(other),
-    }
-    pipeline
-        .drain(settings.shutdown_timeout(), heartbeat(interval))
-        .await?;
-    tracing::info!(
-        events = pipeline.progress.events,
-        dead_lettered = pipeline.progress.dead_lettered,
-        flush_lsn = %pipeline.progress.flush_lsn,
-        "stopped"
-    );
-    pipeline.conn.close(CLOSE_WAIT).await;
-    Ok(())
+    let pipeline = Pipeline::new(conn, (sink, notices), watch, start, Arc::clone(metrics));
+    Ok(Some((pipeline, interval)))
 }
 
 /// Awaits `work` (the sink's session start: an exactly-once producer's fencing and
@@ -458,87 +467,4 @@ async fn with_heartbeat<T>(
             }
         }
     }
-}
-
-/// The skip of what the state table's record shows delivered past the slot's position
-/// (the slot rewound: a PostgreSQL restart or crash, a failover), as a checkpoint of the
-/// same shape as exactly-once's; see [`crate::relay::record`] for why it is safe.
-/// `delivered`: what this process's previous session had delivered when it ended, used
-/// where the record could not follow (see [`Delivered`]).
-fn resume_from_record(
-    prepared: &PreparedSource,
-    slot: &str,
-    delivered: Option<&Delivered>,
-) -> (Option<Checkpoint>, Option<Resume>) {
-    let recorded = recorded_position(prepared, slot);
-    let remembered = delivered
-        .and_then(|d| d.usable(&prepared.system_id, prepared.timeline, prepared.wal_end))
-        .filter(|&lsn| lsn > prepared.slot_lsn);
-    let Some(through) = recorded.into_iter().chain(remembered).max() else {
-        return (None, None);
-    };
-    let recorded_at = prepared
-        .record
-        .as_ref()
-        .and_then(|record| record.acknowledged_at.as_deref())
-        .unwrap_or("unknown");
-    if recorded == Some(through) {
-        tracing::info!(
-            slot,
-            slot_lsn = %prepared.slot_lsn,
-            recorded = %through,
-            recorded_at,
-            "the slot is behind the relay's record (PostgreSQL saves a slot's position only at checkpoints): transactions committed before the recorded position were delivered and are skipped"
-        );
-    } else {
-        tracing::info!(
-            slot,
-            slot_lsn = %prepared.slot_lsn,
-            recorded = %recorded.map_or_else(|| "none".to_owned(), |lsn| lsn.to_string()),
-            delivered = %through,
-            "the slot is behind what this relay delivered before its last session ended (PostgreSQL saves a slot's position only at checkpoints, and the relay's record was not written for the last of it): transactions committed before that position are skipped"
-        );
-    }
-    (
-        Some(Checkpoint::new(slot, &prepared.system_id, through, None)),
-        Some(Resume {
-            from: prepared.slot_lsn,
-            through,
-            transactions: 0,
-            events: 0,
-        }),
-    )
-}
-
-/// What the state table holds already, for the recorder's start: the record's position
-/// when it comes from this cluster and is past the slot's, else the slot's.
-fn already_recorded(prepared: &PreparedSource) -> Lsn {
-    prepared
-        .record
-        .as_ref()
-        .filter(|record| record.system_identifier.as_deref() == Some(prepared.system_id.as_str()))
-        .and_then(|record| record.acknowledged_lsn)
-        .map_or(prepared.slot_lsn, |recorded| {
-            recorded.max(prepared.slot_lsn)
-        })
-}
-
-/// The record's position when it is past the slot's and comes from this cluster.
-fn recorded_position(prepared: &PreparedSource, slot: &str) -> Option<Lsn> {
-    let record = prepared.record.as_ref()?;
-    let recorded = record.acknowledged_lsn?;
-    if recorded <= prepared.slot_lsn {
-        return None;
-    }
-    if record.system_identifier.as_deref() != Some(prepared.system_id.as_str()) {
-        tracing::warn!(
-            slot,
-            recorded = %recorded,
-            record_system_id = record.system_identifier.as_deref().unwrap_or("none"),
-            system_id = %prepared.system_id,
-            "the state table's record of the slot comes from another PostgreSQL cluster (a copied database?): its position is not used, transactions after the slot's position are sent again"
-        );
-        return None;
-    }
-    Some(recorded)
 }

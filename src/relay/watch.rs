@@ -75,7 +75,8 @@ pub struct OutboxWatch {
     pending_since: Option<std::time::Instant>,
     /// When the last check was asked for: at most one per [`MIN_CHECK_GAP`].
     last_asked: Option<std::time::Instant>,
-    task: tokio::task::JoinHandle<()>,
+    /// The task doing the checks (`None`: scripted, in unit tests).
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl OutboxWatch {
@@ -165,10 +166,33 @@ impl OutboxWatch {
             records,
             reports,
             // The first report comes without a request.
-            pending_since: Some(std::time::Instant::now()),
+            pending_since: Some(tokio::time::Instant::now().into_std()),
             last_asked: None,
-            task,
+            task: Some(task),
         }
+    }
+
+    /// A watch without a task: the other end, [`WatchScript`], receives the requests and
+    /// the records and sends the reports (unit tests of the pipeline).
+    #[cfg(test)]
+    pub fn scripted() -> (Self, WatchScript) {
+        let (requests, request_rx) = mpsc::channel(1);
+        let (records, record_rx) = mpsc::channel(1);
+        let (report_tx, reports) = mpsc::channel(4);
+        let watch = OutboxWatch {
+            requests,
+            records,
+            reports,
+            pending_since: Some(tokio::time::Instant::now().into_std()),
+            last_asked: None,
+            task: None,
+        };
+        let script = WatchScript {
+            requests: request_rx,
+            records: record_rx,
+            reports: report_tx,
+        };
+        (watch, script)
     }
 
     /// Asks for a check unless one is under way, at most one per [`MIN_CHECK_GAP`]: a
@@ -190,7 +214,7 @@ impl OutboxWatch {
     /// Asks for a check now unless one is under way (the final update at shutdown).
     pub fn request_now(&mut self) {
         if self.pending_since.is_none() {
-            self.ask(std::time::Instant::now());
+            self.ask(tokio::time::Instant::now().into_std());
         }
     }
 
@@ -236,8 +260,21 @@ impl OutboxWatch {
 
 impl Drop for OutboxWatch {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
+}
+
+/// The task's end of a [scripted](OutboxWatch::scripted) watch.
+#[cfg(test)]
+pub struct WatchScript {
+    /// A check asked for.
+    pub requests: mpsc::Receiver<()>,
+    /// A position to record, and whom to tell once it is written.
+    pub records: mpsc::Receiver<(Lsn, Option<oneshot::Sender<()>>)>,
+    /// Reports for the pipeline (the first one comes without a request).
+    pub reports: mpsc::Sender<WatchReport>,
 }
 
 /// What changed since `baseline`; without an outbox table only the publication counts.

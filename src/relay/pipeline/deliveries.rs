@@ -6,25 +6,22 @@
 //! sink do its own bookkeeping. What a sink's failures mean is the sink's to say
 //! ([`crate::sink`]); nothing here knows which sink it is.
 
-use std::time::Instant;
-
 use crate::metrics::{unix_ms_now, Metrics};
 use crate::relay::deadletter::{self, DeadLetter, Refusal};
 use crate::relay::router::OutboxEvent;
+use crate::relay::source::ReplicationStream;
 use crate::relay::txn::RoutedRowError;
 use crate::relay::RelayError;
 use crate::sink::{RecordTag, SendError, SinkError, SinkNotice, TopicStatus, TxnSeq};
 
-use super::{Pipeline, Place, Waiting};
+use super::{now, Pipeline, Place, Waiting};
 
-impl Pipeline {
+impl<S: ReplicationStream> Pipeline<S> {
     /// Count one routed event and queue it for its topic. An event routed to the
     /// dead-letter topic's own name is refused here: sent there as it is, it would be
     /// taken for a dead letter (and a dead letter's failures are handled differently).
     pub(super) fn dispatch(&mut self, event: OutboxEvent, seq: TxnSeq) -> Result<(), RelayError> {
-        let ticket = self
-            .tracker
-            .event_sent(seq, Instant::now(), event.record_bytes())?;
+        let ticket = self.tracker.event_sent(seq, now(), event.record_bytes())?;
         let tag = RecordTag {
             ticket,
             dead_letter: false,
@@ -192,9 +189,7 @@ impl Pipeline {
             .dead_lettered_by_topic
             .add(letter.original_topic.as_deref().unwrap_or(""), 1);
         let event = letter.into_event(&topic);
-        let ticket = self
-            .tracker
-            .event_sent(seq, Instant::now(), event.record_bytes())?;
+        let ticket = self.tracker.event_sent(seq, now(), event.record_bytes())?;
         let tag = RecordTag {
             ticket,
             dead_letter: true,

@@ -8,13 +8,14 @@ use crate::pg::Lsn;
 use crate::relay::deadletter::DeadLetter;
 use crate::relay::messages::MessageError;
 use crate::relay::router::OutboxEvent;
+use crate::relay::source::ReplicationStream;
 use crate::relay::txn::Step;
 use crate::relay::RelayError;
 use crate::sink::TxnSeq;
 
 use super::{Pipeline, Place};
 
-impl Pipeline {
+impl<S: ReplicationStream> Pipeline<S> {
     /// One of the message steps of [`Step`] (others are not passed here).
     pub(super) fn on_message_step(&mut self, step: Step) -> Result<(), RelayError> {
         match step {

@@ -11,24 +11,20 @@ use crate::pg::diagnose;
 use crate::pg::replication::StandbyStatusUpdate;
 use crate::relay::feedback::{feedback, Feedback};
 use crate::relay::record::RecordStep;
+use crate::relay::source::ReplicationStream;
 use crate::relay::watch::WatchReport;
 use crate::relay::RelayError;
 
-use super::{now_pg, Pipeline, CLOSE_WAIT};
+use super::{now, now_pg, Pipeline, CLOSE_WAIT};
 
-impl Pipeline {
+impl<S: ReplicationStream> Pipeline<S> {
     /// After a delivery report: when it moved the acknowledged position, send a status
     /// update now, or once [`PROMPT_ACK_GAP`](crate::relay::feedback::PROMPT_ACK_GAP) has
     /// passed since the last one.
     pub(super) async fn report_progress_promptly(&mut self) -> Result<(), RelayError> {
         self.ask_watch();
         let flush = self.tracker.flush_lsn();
-        match feedback(
-            flush,
-            self.last_reported,
-            self.last_status_at,
-            Instant::now(),
-        ) {
+        match feedback(flush, self.last_reported, self.last_status_at, now()) {
             Feedback::Idle => {}
             Feedback::SendNow => self.send_status(false).await?,
             Feedback::SendAt(due) => {
@@ -46,7 +42,7 @@ impl Pipeline {
         if !self.tracker.wants_vouching() {
             return;
         }
-        if let Some(next) = self.watch.request(Instant::now()) {
+        if let Some(next) = self.watch.request(now()) {
             let next = tokio::time::Instant::from_std(next);
             self.status_due = Some(self.status_due.map_or(next, |due| due.min(next)));
         }
@@ -72,7 +68,7 @@ impl Pipeline {
     /// Writes the acknowledged position into the state table when events were
     /// acknowledged since the last record, at most once per [`RECORD_GAP`](crate::relay::record::RECORD_GAP).
     pub(super) fn record_position(&mut self) {
-        let now = Instant::now();
+        let now = now();
         match self.recorder.step(self.last_reported, now) {
             RecordStep::Write(lsn) if self.watch.record(lsn) => self.recorder.written(lsn, now),
             // A write is still queued: try again a gap later.
@@ -101,7 +97,7 @@ impl Pipeline {
         };
         tracing::debug!(write = %update.write, flush = %flush, "status update");
         self.conn.send_status(&update).await?;
-        self.last_status_at = Instant::now();
+        self.last_status_at = now();
         self.last_reported = flush;
         self.record_position();
         // This update carries everything acknowledged so far: nothing is owed, unless
