@@ -5,21 +5,34 @@
 //! Server settings are passed with `-c` on the command line, so they win over
 //! `ALTER SYSTEM`; settings not given here (e.g. `wal_sender_timeout`) can still be
 //! changed with `ALTER SYSTEM` + `pg_reload_conf()`.
+//!
+//! The cluster, starting and stopping its server and its log are here; reaching a
+//! running cluster (URLs, clients, SQL, slot and WAL positions, its version and
+//! binaries) is `pg/access.rs`, and the cluster's place on this machine (finding
+//! `initdb` and `postgres`, the OS user they run as, directories, TLS files,
+//! `pg_hba.conf`, ports, signals) `pg/host.rs`.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::OnceLock;
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::Duration;
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::{Pid, User};
-use postgres::{Client, NoTls, SimpleQueryMessage};
+use nix::sys::signal::Signal;
+use postgres::NoTls;
 use tempfile::TempDir;
 
 use super::wait::{poll_until, tail_lines, wait_child};
+
+mod access;
+mod host;
+
+pub use access::{lsn_to_u64, query_lsn, u64_to_lsn};
+use host::{
+    chown_tree, copy_data_dir, free_port, install_server_tls, new_cluster_dir, pg_binaries,
+    prepend_hba_lines, run_as, server_command, signal_child, write_hba_without_host_lines,
+    PgBinaries,
+};
 
 /// Deadline for a started server to accept connections.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -263,53 +276,6 @@ impl PgCluster {
         unreachable!("the last attempt returns or panics")
     }
 
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `postgres://user[:password]@127.0.0.1:port/db`, user and password percent-encoded.
-    pub fn url(&self, user: &str, password: Option<&str>, db: &str) -> String {
-        let password = password
-            .map(|p| format!(":{}", percent_encode(p)))
-            .unwrap_or_default();
-        format!(
-            "postgres://{}{password}@127.0.0.1:{}/{}",
-            percent_encode(user),
-            self.port,
-            percent_encode(db)
-        )
-    }
-
-    /// URL of the superuser `postgres` on database `postgres` (trust auth, no password).
-    pub fn superuser_url(&self) -> String {
-        self.url(SUPERUSER, None, "postgres")
-    }
-
-    /// A superuser connection to database `postgres`.
-    pub fn client(&self) -> Client {
-        self.client_db("postgres")
-    }
-
-    /// A superuser connection to `db`.
-    pub fn client_db(&self, db: &str) -> Client {
-        self.connect_config(db)
-            .connect(NoTls)
-            .unwrap_or_else(|err| {
-                panic!(
-                    "connecting to database {db:?} on port {}: {err}; log tail:\n{}",
-                    self.port,
-                    self.log_tail()
-                )
-            })
-    }
-
-    /// Runs `sql` (one or more statements) as the superuser on database `postgres`.
-    pub fn batch_execute(&self, sql: &str) {
-        self.client()
-            .batch_execute(sql)
-            .unwrap_or_else(|err| panic!("executing {sql:?}: {err}"));
-    }
-
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
     }
@@ -360,87 +326,6 @@ impl PgCluster {
             ),
             Err(NotReady::TimedOut) => self.panic_not_ready(),
         }
-    }
-
-    /// `confirmed_flush_lsn` of a replication slot; `None` if the slot does not exist or
-    /// has no confirmed position.
-    pub fn slot_confirmed_flush_lsn(&self, slot: &str) -> Option<u64> {
-        let row = self
-            .client()
-            .query_opt(
-                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-                &[&slot],
-            )
-            .unwrap_or_else(|err| panic!("querying slot {slot:?}: {err}"))?;
-        row.get::<_, Option<String>>(0).map(|lsn| lsn_to_u64(&lsn))
-    }
-
-    /// `server_version_num`, e.g. 170010 for 17.10: for expectations that differ by
-    /// PostgreSQL version.
-    /// `initdb` and `postgres` of the given major version, as `deploy/dev-deps.sh`
-    /// installs them (`ensure_pg_version` in deploy/lib.sh prints the directory).
-    pub fn bindir_of_major(major: u32) -> PathBuf {
-        let output = Command::new("bash")
-            .arg("-c")
-            .arg(format!(". deploy/lib.sh && ensure_pg_version {major}"))
-            .current_dir(crate::repo_root())
-            .output()
-            .unwrap_or_else(|err| panic!("running deploy/lib.sh: {err}"));
-        assert!(
-            output.status.success(),
-            "no PostgreSQL {major} (run ./deploy/dev-deps.sh): {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-    }
-
-    pub fn server_version_num(&self) -> u32 {
-        let text = query_lsn(&mut self.client(), "SHOW server_version_num");
-        text.parse()
-            .unwrap_or_else(|err| panic!("bad server_version_num {text:?}: {err}"))
-    }
-
-    /// The directory of this cluster's server binaries, symbolic links resolved (a
-    /// `postgres` on PATH may be a link into `/usr/lib/postgresql/<major>/bin`): the
-    /// client tools of the same version (`pg_recvlogical`) are there too.
-    pub fn bindir(&self) -> PathBuf {
-        let postgres = std::fs::canonicalize(&self.bins.postgres)
-            .unwrap_or_else(|_| self.bins.postgres.clone());
-        postgres.parent().map(Path::to_path_buf).unwrap_or_default()
-    }
-
-    /// `pg_current_wal_lsn()`.
-    pub fn current_wal_lsn(&self) -> u64 {
-        lsn_to_u64(&query_lsn(
-            &mut self.client(),
-            "SELECT pg_current_wal_lsn()",
-        ))
-    }
-
-    /// A libpq key/value connection string for the superuser on `db` through the
-    /// server's Unix socket: what reaches a cluster whose TCP lines are all `hostssl`
-    /// (`RelayProcess::wait_streaming` takes it).
-    pub fn socket_conninfo(&self, db: &str) -> String {
-        format!(
-            "host={} port={} user={SUPERUSER} dbname={db}",
-            self.dir.path().display(),
-            self.port
-        )
-    }
-
-    fn connect_config(&self, db: &str) -> postgres::Config {
-        let mut config = postgres::Config::new();
-        if self.admin_via_socket {
-            config.host_path(self.dir.path());
-        } else {
-            config.host("127.0.0.1");
-        }
-        config
-            .port(self.port)
-            .user(SUPERUSER)
-            .dbname(db)
-            .connect_timeout(Duration::from_secs(5));
-        config
     }
 
     fn spawn_and_wait_ready(&mut self) -> Result<(), NotReady> {
@@ -530,323 +415,4 @@ impl Drop for PgCluster {
     fn drop(&mut self) {
         self.kill_server();
     }
-}
-
-/// Runs `sql` and returns the first column of the first row as text (e.g. an LSN
-/// `16/B374D848`). Panics if there is no row or the value is NULL.
-pub fn query_lsn(client: &mut Client, sql: &str) -> String {
-    let messages = client
-        .simple_query(sql)
-        .unwrap_or_else(|err| panic!("running {sql:?}: {err}"));
-    let row = messages
-        .iter()
-        .find_map(|message| match message {
-            SimpleQueryMessage::Row(row) => Some(row),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("{sql:?} returned no row"));
-    row.get(0)
-        .unwrap_or_else(|| panic!("{sql:?} returned NULL"))
-        .to_owned()
-}
-
-/// Parses PostgreSQL's `X/Y` LSN text (two hex numbers, high and low 32 bits).
-pub fn lsn_to_u64(lsn: &str) -> u64 {
-    let parse = |part: &str| {
-        u32::from_str_radix(part, 16).unwrap_or_else(|err| panic!("bad LSN {lsn:?}: {err}"))
-    };
-    let (high, low) = lsn
-        .split_once('/')
-        .unwrap_or_else(|| panic!("bad LSN {lsn:?}: no '/'"));
-    (u64::from(parse(high)) << 32) | u64::from(parse(low))
-}
-
-/// Formats an LSN as PostgreSQL does (`X/Y`, uppercase hex).
-pub fn u64_to_lsn(lsn: u64) -> String {
-    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
-}
-
-#[derive(Debug, Clone)]
-struct PgBinaries {
-    initdb: PathBuf,
-    postgres: PathBuf,
-}
-
-impl PgBinaries {
-    fn in_dir(bindir: &Path) -> Self {
-        let bins = PgBinaries {
-            initdb: bindir.join("initdb"),
-            postgres: bindir.join("postgres"),
-        };
-        assert!(
-            is_executable(&bins.initdb) && is_executable(&bins.postgres),
-            "{} holds no executable initdb and postgres",
-            bindir.display()
-        );
-        bins
-    }
-}
-
-/// Finds `initdb` and `postgres`: in `$PG_BINDIR` when it is set (how CI runs tests on
-/// each PostgreSQL major version, see `ensure_pg_version` in deploy/lib.sh), else on
-/// PATH, else in `pg_config --bindir`, else in the newest `/usr/lib/postgresql/*/bin`.
-/// Panics if there are none.
-///
-/// The npm builds of other versions carry their own shared libraries in `../lib`; their
-/// RUNPATH (`$ORIGIN/../lib`) finds them, so no `LD_LIBRARY_PATH` is needed.
-fn pg_binaries() -> &'static PgBinaries {
-    static BINARIES: OnceLock<PgBinaries> = OnceLock::new();
-    BINARIES.get_or_init(|| {
-        if let Some(bindir) = std::env::var_os("PG_BINDIR").filter(|dir| !dir.is_empty()) {
-            let bins = PgBinaries {
-                initdb: Path::new(&bindir).join("initdb"),
-                postgres: Path::new(&bindir).join("postgres"),
-            };
-            assert!(
-                is_executable(&bins.initdb) && is_executable(&bins.postgres),
-                "PG_BINDIR={} holds no executable initdb and postgres: point it at a \
-                 PostgreSQL bindir (deploy/lib.sh: ensure_pg_version MAJOR prints one)",
-                Path::new(&bindir).display()
-            );
-            return bins;
-        }
-        let on_path = |name: &str| {
-            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-                .map(|dir| dir.join(name))
-                .find(|path| is_executable(path))
-        };
-        if let (Some(initdb), Some(postgres)) = (on_path("initdb"), on_path("postgres")) {
-            return PgBinaries { initdb, postgres };
-        }
-        let mut candidates: Vec<PathBuf> = Vec::new();
-        if let Ok(output) = Command::new("pg_config").arg("--bindir").output() {
-            if output.status.success() {
-                let bindir = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-                candidates.push(PathBuf::from(bindir));
-            }
-        }
-        let mut versioned: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|entry| {
-                let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
-                Some((version, entry.path().join("bin")))
-            })
-            .collect();
-        versioned.sort_by_key(|(version, _)| std::cmp::Reverse(*version));
-        candidates.extend(versioned.into_iter().map(|(_, dir)| dir));
-        candidates
-            .into_iter()
-            .map(|dir| PgBinaries {
-                initdb: dir.join("initdb"),
-                postgres: dir.join("postgres"),
-            })
-            .find(|bins| is_executable(&bins.initdb) && is_executable(&bins.postgres))
-            .unwrap_or_else(|| {
-                panic!(
-                    "PostgreSQL server binaries (initdb, postgres) not found on PATH, in \
-                     `pg_config --bindir` or /usr/lib/postgresql/*/bin: install PostgreSQL \
-                     server binaries, e.g. apt-get install postgresql"
-                )
-            })
-    })
-}
-
-fn is_executable(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// The OS user to run `initdb`/`postgres` as: `postgres` when we are root (PostgreSQL
-/// refuses to run as root), else ourselves (`None`).
-fn run_as() -> Option<&'static User> {
-    static RUN_AS: OnceLock<Option<User>> = OnceLock::new();
-    RUN_AS
-        .get_or_init(|| {
-            if !nix::unistd::geteuid().is_root() {
-                return None;
-            }
-            let user = User::from_name("postgres")
-                .unwrap_or_else(|err| panic!("looking up OS user postgres: {err}"))
-                .unwrap_or_else(|| {
-                    panic!(
-                        "tests run as root, and PostgreSQL refuses to run as root, but there is \
-                         no `postgres` OS user to run it as: create one (useradd --system \
-                         postgres) or install the postgresql package"
-                    )
-                });
-            Some(user)
-        })
-        .as_ref()
-}
-
-/// A command for a PostgreSQL binary: runs as the `postgres` user when we are root,
-/// with its working directory in the cluster's temp dir (ours may not be readable).
-fn server_command(program: &Path, dir: &Path) -> Command {
-    let mut command = Command::new(program);
-    command.current_dir(dir).env("LC_ALL", "C");
-    for var in [
-        "PGDATA",
-        "PGPORT",
-        "PGHOST",
-        "PGUSER",
-        "PGDATABASE",
-        "PGOPTIONS",
-    ] {
-        command.env_remove(var);
-    }
-    if let Some(user) = run_as() {
-        command.uid(user.uid.as_raw()).gid(user.gid.as_raw());
-        if let Some(home) = user.dir.to_str() {
-            command.env("HOME", home);
-        }
-    }
-    command
-}
-
-/// Where to create cluster dirs. When running as root the dir must be reachable by the
-/// `postgres` user: if some ancestor of `$TMPDIR` is not world-searchable, use /tmp.
-/// A fresh temp dir for a cluster, owned by the server's OS user.
-fn new_cluster_dir() -> TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix("outbox-relay-pg-")
-        .tempdir_in(temp_base())
-        .expect("creating PostgreSQL temp dir");
-    if let Some(user) = run_as() {
-        std::os::unix::fs::chown(dir.path(), Some(user.uid.as_raw()), Some(user.gid.as_raw()))
-            .unwrap_or_else(|err| panic!("chown {} to postgres: {err}", dir.path().display()));
-    }
-    dir
-}
-
-/// Copies a running cluster's data directory for a base backup: everything but the
-/// postmaster's own files and the replication slots (which a base backup leaves out).
-fn copy_data_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("creating the standby's data dir");
-    for entry in std::fs::read_dir(from).expect("reading the data dir") {
-        let entry = entry.expect("data dir entry");
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if matches!(name.as_ref(), "postmaster.pid" | "postmaster.opts") {
-            continue;
-        }
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("file type").is_dir() {
-            if matches!(name.as_ref(), "pg_replslot" | "pg_stat_tmp") {
-                std::fs::create_dir_all(&target).expect("creating an emptied dir");
-                continue;
-            }
-            copy_data_dir(&entry.path(), &target);
-        } else {
-            // Files may change or vanish while the server runs: the backup's WAL repairs
-            // torn pages, and a vanished file was not needed.
-            let _ = std::fs::copy(entry.path(), &target);
-        }
-    }
-}
-
-fn chown_tree(path: &Path, user: &User) {
-    std::os::unix::fs::chown(path, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
-        .unwrap_or_else(|err| panic!("chown {}: {err}", path.display()));
-    if path.is_dir() {
-        for entry in std::fs::read_dir(path).expect("reading dir") {
-            chown_tree(&entry.expect("dir entry").path(), user);
-        }
-    }
-}
-
-fn temp_base() -> PathBuf {
-    let base = std::env::temp_dir();
-    if run_as().is_none() {
-        return base;
-    }
-    let reachable = base
-        .ancestors()
-        .all(|dir| std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
-    if reachable {
-        base
-    } else {
-        PathBuf::from("/tmp")
-    }
-}
-
-/// A TCP port on 127.0.0.1 that was free a moment ago.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
-    listener.local_addr().expect("local address").port()
-}
-
-/// Copies the server's TLS files into the cluster dir (readable by the server's OS
-/// user; the key 0600, as PostgreSQL requires) and returns the settings naming them.
-fn install_server_tls(dir: &Path, tls: &ServerTls) -> Vec<(&'static str, String)> {
-    let tls_dir = dir.join("tls");
-    std::fs::create_dir_all(&tls_dir).expect("creating the cluster's tls dir");
-    let copy = |from: &Path, name: &str, mode: u32| {
-        let to = tls_dir.join(name);
-        std::fs::copy(from, &to)
-            .unwrap_or_else(|err| panic!("copying {} to {}: {err}", from.display(), to.display()));
-        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))
-            .unwrap_or_else(|err| panic!("chmod {}: {err}", to.display()));
-        to.to_str().expect("UTF-8 tls path").to_owned()
-    };
-    let mut settings = vec![
-        ("ssl", "on".to_owned()),
-        ("ssl_cert_file", copy(&tls.cert_file, "server.crt", 0o644)),
-        ("ssl_key_file", copy(&tls.key_file, "server.key", 0o600)),
-    ];
-    if let Some(ca) = &tls.ca_file {
-        settings.push(("ssl_ca_file", copy(ca, "ca.crt", 0o644)));
-    }
-    if let Some(user) = run_as() {
-        chown_tree(&tls_dir, user);
-    }
-    settings
-}
-
-/// pg_hba.conf with `lines` and initdb's `local` lines only: TCP clients match `lines`
-/// or nothing.
-fn write_hba_without_host_lines(hba_path: &Path, lines: &[String]) {
-    let mut text = String::from("# test harness (PgOptions::hba, hostssl_only)\n");
-    for line in lines {
-        text.push_str(line);
-        text.push('\n');
-    }
-    text.push_str("\n# the harness's own sessions, over the Unix socket\n");
-    text.push_str("local all all trust\nlocal replication all trust\n");
-    std::fs::write(hba_path, text)
-        .unwrap_or_else(|err| panic!("writing {}: {err}", hba_path.display()));
-}
-
-fn prepend_hba_lines(hba_path: &Path, lines: &[String]) {
-    let defaults = std::fs::read_to_string(hba_path)
-        .unwrap_or_else(|err| panic!("reading {}: {err}", hba_path.display()));
-    let mut text = String::from("# test harness (PgOptions::hba), matched first\n");
-    for line in lines {
-        text.push_str(line);
-        text.push('\n');
-    }
-    text.push_str("\n# initdb defaults\n");
-    text.push_str(&defaults);
-    std::fs::write(hba_path, text)
-        .unwrap_or_else(|err| panic!("writing {}: {err}", hba_path.display()));
-}
-
-/// Sends `signal` to a child that has not been reaped (so its pid is still ours).
-fn signal_child(child: &mut Child, signal: Signal) {
-    if let Ok(None) = child.try_wait() {
-        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid fits in i32"));
-        let _ = kill(pid, signal);
-    }
-}
-
-/// Percent-encodes everything but RFC 3986 unreserved characters.
-fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|byte| match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                char::from(byte).to_string()
-            }
-            _ => format!("%{byte:02X}"),
-        })
-        .collect()
 }
