@@ -152,15 +152,15 @@ fn outbox_removed_from_the_publication_stops_the_relay_unacknowledged() {
 }
 
 /// Removed and added back between two checks: the rows written in between were never
-/// streamed, and the membership row's new id gives it away.
+/// streamed, and the membership row's new id gives it away. The three statements are
+/// one transaction (one simple query), so that no check of the watch can fall between
+/// them: one that did would rightly report "removed", which is another test.
 #[test]
 fn outbox_removed_and_added_back_stops_the_relay_unacknowledged() {
     change_under_the_relay(
-        &[
-            "ALTER PUBLICATION outbox_relay DROP TABLE outbox",
-            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('lost', 'l', 'T', '{}')",
-            "ALTER PUBLICATION outbox_relay ADD TABLE outbox",
-        ],
+        &["ALTER PUBLICATION outbox_relay DROP TABLE outbox; \
+           INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('lost', 'l', 'T', '{}'); \
+           ALTER PUBLICATION outbox_relay ADD TABLE outbox"],
         &["removed from the publication and added again"],
         &[],
     );
