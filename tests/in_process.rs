@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use outbox_relay::config::Config;
 use outbox_relay::relay::settings::Settings;
-use outbox_relay::relay::RelayError;
+use outbox_relay::relay::{Definite, RelayError};
 use support::memory_sink::MemorySinkControl;
 use support::outbox::{cluster_with_outbox, insert_events, SLOT, WAIT};
 use support::{wait_until, PgCluster, PgOptions};
@@ -263,7 +263,7 @@ fn a_dead_letter_topic_that_refuses_its_record_stops_the_relay_unacknowledged() 
     insert_events(&pg, "order", 2);
     wait_until("the relay stops", WAIT, || relay.is_finished());
     match relay.exit(WAIT).map_err(|e| *e) {
-        Err(RelayError::DeadLetterRefused(reason)) => {
+        Err(RelayError::Definite(Definite::DeadLetterRefused(reason))) => {
             assert!(reason.contains("not authorized"), "{reason}")
         }
         other => panic!("expected the dead-letter refusal to stop the relay, got {other:?}"),
@@ -298,7 +298,7 @@ fn an_event_reported_failed_without_a_dead_letter_topic_stops_the_relay_unacknow
     let bad = insert_events(&pg, "bad", 1);
     wait_until("the relay stops", WAIT, || relay.is_finished());
     match relay.exit(WAIT).map_err(|e| *e) {
-        Err(RelayError::Undeliverable { topic, reason, .. }) => {
+        Err(RelayError::Definite(Definite::Undeliverable { topic, reason, .. })) => {
             assert_eq!(topic, "outbox.event.bad");
             assert!(reason.contains("invalid record"), "{reason}");
         }

@@ -18,7 +18,7 @@ use crate::pg::Lsn;
 use crate::relay::ack::AckTracker;
 use crate::relay::router::EventContext;
 use crate::relay::settings::Settings;
-use crate::relay::RelayError;
+use crate::relay::{Definite, RelayError};
 use crate::sink::{RecordTag, SendError, Sink, SinkError, SinkNotice, SinkOptions};
 
 use super::definite;
@@ -162,11 +162,12 @@ pub async fn backfill(
                         settle(&mut notices, sink.as_mut(), &mut tracker, &mut report, 1).await?;
                     }
                     Err(SendError::Refused { reason, event, .. }) => {
-                        return Err(RelayError::Undeliverable {
+                        return Err(Definite::Undeliverable {
                             topic: event.topic,
                             lsn: Lsn::ZERO,
                             reason,
-                        })
+                        }
+                        .into())
                     }
                     Err(SendError::Sink(error)) => return Err(error.into()),
                 }
@@ -206,11 +207,12 @@ async fn settle(
                 report.delivered += 1;
             }
             SinkNotice::Refused { failure, .. } => {
-                return Err(RelayError::Undeliverable {
+                return Err(Definite::Undeliverable {
                     topic: String::new(),
                     lsn: Lsn::ZERO,
                     reason: failure.reason,
-                })
+                }
+                .into())
             }
             SinkNotice::Retry { reason } => return Err(SinkError::Retry(reason).into()),
             SinkNotice::Stop { reason } => return Err(SinkError::Stop(reason).into()),

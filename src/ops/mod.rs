@@ -27,10 +27,9 @@ pub mod init_sql;
 pub mod slot;
 pub mod slot_report;
 
-use crate::pg::diagnose::SetupError;
-use crate::relay::RelayError;
+use crate::relay::{Definite, RelayError};
 
 /// A definite failure of a command: its message says what to do.
 fn definite(message: impl Into<String>) -> RelayError {
-    SetupError::Definite(message.into()).into()
+    Definite::Command(message.into()).into()
 }

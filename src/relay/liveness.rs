@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::relay::RelayError;
+use crate::relay::{RelayError, Transient};
 
 /// Why the link, the watch or the sink is taken for dead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,9 +31,11 @@ pub enum Stall {
 impl From<Stall> for RelayError {
     fn from(stall: Stall) -> Self {
         match stall {
-            Stall::Silent { secs } => RelayError::Silent { secs },
-            Stall::WatchSilent { secs } => RelayError::WatchSilent { secs },
-            Stall::SinkStalled { secs, in_flight } => RelayError::SinkStalled { secs, in_flight },
+            Stall::Silent { secs } => Transient::Silent { secs }.into(),
+            Stall::WatchSilent { secs } => Transient::WatchSilent { secs }.into(),
+            Stall::SinkStalled { secs, in_flight } => {
+                Transient::SinkStalled { secs, in_flight }.into()
+            }
         }
     }
 }

@@ -26,7 +26,7 @@ use crate::relay::settings::Settings;
 use crate::relay::takeover::{self, heartbeat, SilenceWatch};
 use crate::relay::txn::TxnAssembler;
 use crate::relay::watch::{OutboxWatch, WatchTarget};
-use crate::relay::RelayError;
+use crate::relay::{Definite, RelayError, Transient};
 use crate::sink::{Session, SinkOptions};
 
 mod resume;
@@ -48,7 +48,7 @@ pub async fn run(
             let listener = tokio::net::TcpListener::bind(&config.listen)
                 .await
                 .map_err(|e| {
-                    RelayError::Metrics(format!("cannot listen on {}: {e}", config.listen))
+                    Definite::Metrics(format!("cannot listen on {}: {e}", config.listen))
                 })?;
             tracing::info!(listen = %config.listen, "serving Prometheus metrics on /metrics, health on /healthz and /readyz");
             Some(AbortOnDrop(tokio::spawn(crate::metrics::serve(
@@ -187,8 +187,30 @@ async fn look_at_the_active(
 }
 
 /// One attempt: connect and prepare the source, start streaming, stream until shutdown
-/// (`Ok`) or an error.
+/// (`Ok`) or an error, which is transient or definite ([`RelayError`]): a PostgreSQL
+/// error from anywhere in the attempt is explained here, once, by asking the server's
+/// catalogs what is wrong ([`diagnose::explain`]; a transient one stays as it is).
 async fn run_attempt(
+    settings: &Settings,
+    stop: watch::Receiver<bool>,
+    timeline: &mut Option<(String, u32)>,
+    delivered: &mut Option<Delivered>,
+    metrics: &Arc<Metrics>,
+    silence: &mut SilenceWatch,
+) -> Result<(), RelayError> {
+    match attempt(settings, stop, timeline, delivered, metrics, silence).await {
+        Err(RelayError::Pg(error)) => {
+            let spec = settings.source();
+            Err(diagnose::explain(error, &settings.connect, &spec)
+                .await
+                .into())
+        }
+        ended => ended,
+    }
+}
+
+/// The attempt itself; PostgreSQL's errors come out of it unexplained.
+async fn attempt(
     settings: &Settings,
     mut stop: watch::Receiver<bool>,
     timeline: &mut Option<(String, u32)>,
@@ -196,10 +218,6 @@ async fn run_attempt(
     metrics: &Arc<Metrics>,
     silence: &mut SilenceWatch,
 ) -> Result<(), RelayError> {
-    let spec = settings.source();
-    // A server error is classified where it arises: transient ones as they are, the
-    // others after asking the server's catalogs what is wrong.
-    let explain = |error: PgError| diagnose::explain(error, &settings.connect, &spec);
     let prepared = prepare(settings, &mut stop, timeline, metrics, silence).await;
     let Some((conn, prepared)) = prepared? else {
         return Ok(());
@@ -212,11 +230,8 @@ async fn run_attempt(
         delivered.as_ref(),
         metrics,
     );
-    let (mut pipeline, interval) = match started.await {
-        Ok(Some(started)) => started,
-        Ok(None) => return Ok(()),
-        Err(RelayError::Pg(error)) => return Err(explain(error).await.into()),
-        Err(other) => return Err(other),
+    let Some((mut pipeline, interval)) = started.await? else {
+        return Ok(());
     };
     // Streaming from here: /readyz says so until this attempt ends.
     let _streaming = Streaming::start(metrics, interval, settings.relay.stall_release_ms / 2);
@@ -225,7 +240,10 @@ async fn run_attempt(
     if let Err(error) = &streamed {
         // PostgreSQL went away (a restart, a cut link) while the sink is sound: what is in
         // flight is still delivered, and the next session skips it (bounded wait).
-        if matches!(error, RelayError::Pg(_) | RelayError::StreamEnded) {
+        if matches!(
+            error,
+            RelayError::Pg(_) | RelayError::Transient(Transient::StreamEnded)
+        ) {
             pipeline.settle(CLOSE_WAIT).await;
         }
         *delivered = Some(Delivered {
@@ -234,11 +252,7 @@ async fn run_attempt(
             through: pipeline.delivered_through(),
         });
     }
-    match streamed {
-        Ok(()) => {}
-        Err(RelayError::Pg(error)) => return Err(explain(error).await.into()),
-        Err(other) => return Err(other),
-    }
+    streamed?;
     pipeline
         .drain(settings.shutdown_timeout(), heartbeat(interval))
         .await?;
@@ -265,23 +279,20 @@ async fn prepare(
     silence: &mut SilenceWatch,
 ) -> Result<Option<(PgConnection, PreparedSource)>, RelayError> {
     let spec = settings.source();
-    let explain = |error: PgError| diagnose::explain(error, &settings.connect, &spec);
     // Every wait before streaming honours a shutdown signal (a server that accepts and
     // never answers must not make SIGTERM wait for it).
     let connect = PgConnection::connect(&settings.connect, SessionKind::LogicalReplication);
     let Some(connected) = unless_stopped(stop, connect).await else {
         return Ok(None);
     };
-    let mut conn = match connected {
-        Ok(conn) => conn,
-        Err(error) => return Err(explain(error).await.into()),
-    };
+    let mut conn = connected?;
     let Some(prepared) = unless_stopped(stop, slot::prepare(&mut conn, &spec)).await else {
         return Ok(None);
     };
     let prepared = match prepared {
         Ok(prepared) => prepared,
-        Err(SetupError::Pg(error)) => return Err(explain(error).await.into()),
+        // Not explained yet: the attempt does that once, for every PostgreSQL error.
+        Err(SetupError::Pg(error)) => return Err(RelayError::Pg(error)),
         Err(active @ SetupError::SlotActive { .. }) => {
             look_at_the_active(&mut conn, settings, silence, metrics, stop).await;
             return Err(active.into());
@@ -290,10 +301,11 @@ async fn prepare(
     };
     match timeline.as_ref() {
         Some((system_id, _)) if *system_id != prepared.system_id => {
-            return Err(RelayError::SystemChanged {
+            return Err(Definite::SystemChanged {
                 from: system_id.clone(),
                 to: prepared.system_id.clone(),
-            })
+            }
+            .into())
         }
         Some((_, from)) if *from != prepared.timeline => {
             // A promotion (failover, or a standby taking over): the slot is here, on the

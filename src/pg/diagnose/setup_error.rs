@@ -50,6 +50,10 @@ pub enum SetupError {
     /// relay waiting for the slot changes nothing).
     #[error("replication slot {slot:?} is active for PID {pid}")]
     SlotActive { slot: String, pid: i32 },
+    /// A problem of the source found while preparing it ([`crate::pg::slot`]: the outbox
+    /// table, the publication, the slot's creation), its fix in the text. Only this
+    /// layer builds it: the relay and the operator commands have their own definite
+    /// errors.
     #[error("{0}")]
     Definite(String),
     #[error(transparent)]

@@ -11,7 +11,7 @@ use crate::relay::deadletter::{self, DeadLetter, Refusal};
 use crate::relay::router::OutboxEvent;
 use crate::relay::source::ReplicationStream;
 use crate::relay::txn::RoutedRowError;
-use crate::relay::RelayError;
+use crate::relay::{Definite, RelayError};
 use crate::sink::{RecordTag, SendError, SinkError, SinkNotice, TopicStatus, TxnSeq};
 
 use super::{now, Pipeline, Place, Waiting};
@@ -112,14 +112,15 @@ impl<S: ReplicationStream> Pipeline<S> {
                 self.push(Waiting { event: bare, tag }, place);
                 Ok(())
             }
-            Refusal::StopDeadLetterRefused => Err(RelayError::DeadLetterRefused(reason)),
-            Refusal::StopNoDeadLetterTopic(Some(event)) => Err(RelayError::Undeliverable {
+            Refusal::StopDeadLetterRefused => Err(Definite::DeadLetterRefused(reason).into()),
+            Refusal::StopNoDeadLetterTopic(Some(event)) => Err(Definite::Undeliverable {
                 topic: event.topic,
                 lsn: event.lsn,
                 reason,
-            }),
+            }
+            .into()),
             Refusal::StopNoDeadLetterTopic(None) => {
-                Err(RelayError::RefusedWithoutDeadLetter { reason })
+                Err(Definite::RefusedWithoutDeadLetter { reason }.into())
             }
         }
     }
@@ -135,11 +136,12 @@ impl<S: ReplicationStream> Pipeline<S> {
     ) -> Result<(), RelayError> {
         let letter = DeadLetter::from_event(event, reason.clone(), &self.source_table);
         self.dead_letter_or(tag.ticket.seq(), letter, place, || {
-            RelayError::Undeliverable {
+            Definite::Undeliverable {
                 topic: event.topic.clone(),
                 lsn: event.lsn,
                 reason,
             }
+            .into()
         })?;
         // The original event is settled by its dead-letter record.
         self.tracker.delivered(tag.ticket)?;
@@ -161,7 +163,9 @@ impl<S: ReplicationStream> Pipeline<S> {
             value: Some(row_error.row_json.clone()),
             timestamp_ms: 0,
         };
-        self.dead_letter_or(seq, letter, Place::Back, || RelayError::Route(row_error))?;
+        self.dead_letter_or(seq, letter, Place::Back, || {
+            Definite::Route(row_error).into()
+        })?;
         self.pump()
     }
 

@@ -10,7 +10,7 @@ use crate::relay::messages::MessageError;
 use crate::relay::router::OutboxEvent;
 use crate::relay::source::ReplicationStream;
 use crate::relay::txn::Step;
-use crate::relay::RelayError;
+use crate::relay::{Definite, RelayError};
 use crate::sink::TxnSeq;
 
 use super::{Pipeline, Place};
@@ -76,7 +76,7 @@ impl<S: ReplicationStream> Pipeline<S> {
                     value: error.content.clone(),
                     timestamp_ms: 0,
                 };
-                self.dead_letter_or(seq, letter, Place::Back, || RelayError::Message(error))?;
+                self.dead_letter_or(seq, letter, Place::Back, || Definite::Message(error).into())?;
                 self.pump()
             }
         }

@@ -7,13 +7,12 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::metrics::Metrics;
-use crate::pg::diagnose;
 use crate::pg::replication::StandbyStatusUpdate;
 use crate::relay::feedback::{feedback, Feedback};
 use crate::relay::record::RecordStep;
 use crate::relay::source::ReplicationStream;
 use crate::relay::watch::WatchReport;
-use crate::relay::RelayError;
+use crate::relay::{Definite, RelayError};
 
 use super::{now, now_pg, Pipeline, CLOSE_WAIT};
 
@@ -55,13 +54,16 @@ impl<S: ReplicationStream> Pipeline<S> {
                 self.tracker.vouch(lsn);
                 Ok(())
             }
-            WatchReport::Changed(change) => Err(RelayError::OutboxUnpublished {
+            WatchReport::Changed(change) => Err(Definite::OutboxUnpublished {
                 repair: change.repair(&self.publication, &self.table),
                 change: change.to_string(),
                 since: self.tracker.vouched(),
-            }),
+            }
+            .into()),
             WatchReport::Failed(error) => Err(RelayError::Pg(error)),
-            WatchReport::Invalid(message) => Err(diagnose::SetupError::Definite(message).into()),
+            WatchReport::Invalid(message) => {
+                Err(Definite::OutboxChangedWhileStarting(message).into())
+            }
         }
     }
 

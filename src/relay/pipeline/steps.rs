@@ -12,7 +12,7 @@ use crate::pg::replication::ReplicationFrame;
 use crate::relay::record::Resume;
 use crate::relay::source::ReplicationStream;
 use crate::relay::txn::Step;
-use crate::relay::RelayError;
+use crate::relay::{RelayError, Transient};
 use crate::sink::checkpoint::{skip_for, Skip};
 
 use super::Pipeline;
@@ -32,7 +32,7 @@ impl<S: ReplicationStream> Pipeline<S> {
                 }
             }
             CopyEvent::Notice(notice) => self.on_server_notice(notice)?,
-            CopyEvent::Done => return Err(RelayError::StreamEnded),
+            CopyEvent::Done => return Err(Transient::StreamEnded.into()),
         }
         Ok(())
     }

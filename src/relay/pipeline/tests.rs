@@ -19,7 +19,7 @@ use script::{Options, Relay, Row, SLOT_LSN};
 
 use crate::pg::Lsn;
 use crate::relay::ack::InFlightLimits;
-use crate::relay::RelayError;
+use crate::relay::{Definite, RelayError, Transient};
 use crate::sink::{DeliveryFailure, RecordTag, SinkNotice};
 
 /// The event id (the default Kafka key) of a record.
@@ -243,7 +243,10 @@ async fn a_refused_row_without_a_dead_letter_topic_stops_the_relay_unacknowledge
     relay.deliver(a1.1);
     let (_, ended) = relay.ended().await;
     let error = ended.expect_err("a row without its event id stops the relay");
-    assert!(matches!(error, RelayError::Route(_)), "{error:?}");
+    assert!(
+        matches!(error, RelayError::Definite(Definite::Route(_))),
+        "{error:?}"
+    );
     assert!(!error.is_retryable());
     assert_eq!(relay.flushed, SLOT_LSN);
 }
@@ -316,7 +319,7 @@ async fn a_sink_without_confirmations_releases_the_connection_after_the_stall_li
     let _a1 = relay.next_sent().await;
     let (_, ended) = relay.ended().await;
     match ended {
-        Err(error @ RelayError::SinkStalled { in_flight: 1, .. }) => {
+        Err(error @ RelayError::Transient(Transient::SinkStalled { in_flight: 1, .. })) => {
             assert!(error.is_retryable());
             assert!(
                 started.elapsed() >= Duration::from_secs(5),
