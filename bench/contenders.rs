@@ -1,4 +1,5 @@
-//! The contenders and how each is timed and costed. Each run is one measurement window:
+//! The contenders and how each is timed and costed (the polling relay's run, (e), is
+//! with the polling relay in `polling.rs`). Each run is one measurement window:
 //!
 //! ```text
 //! open   machine busy, PostgreSQL CPU (postmaster + reaped + live children),
@@ -25,7 +26,6 @@ use outbox_relay_harness::{KafkaBroker, PgCluster};
 use postgres::Client;
 
 use crate::outage::Outage;
-use crate::polling::{self, PollingTarget};
 use crate::setup::{self, DATABASE, PUBLICATION};
 
 /// What a contender cost, measured.
@@ -400,103 +400,6 @@ impl Bench<'_> {
             ));
         }
         Ok(config)
-    }
-
-    /// (e) The polling relay with `workers` workers, on a fresh copy of the loaded
-    /// outbox (`bench_poll_<workers>`: same rows, same indexes, vacuumed), until every
-    /// row is published.
-    pub fn polling(&mut self, workers: usize, events: u64) -> Result<Measured, String> {
-        let table = format!("bench_poll_{workers}");
-        let sql = |client: &mut Client, sql: &str| {
-            client
-                .batch_execute(sql)
-                .map_err(|err| format!("{sql}: {err}"))
-        };
-        sql(
-            &mut self.admin,
-            &format!(
-                "CREATE TABLE {table} (LIKE public.outbox INCLUDING ALL);
-                 INSERT INTO {table} SELECT * FROM public.outbox;"
-            ),
-        )?;
-        sql(&mut self.admin, &format!("VACUUM ANALYZE {table}"))?;
-        sql(&mut self.admin, "CHECKPOINT")?;
-        let kafka = self
-            .kafka
-            .ok_or("the polling relay needs the Kafka broker")?;
-        let bootstrap = kafka.bootstrap();
-        let before = setup::records_in_topics(&bootstrap)?;
-        let url = self.pg.url("postgres", None, DATABASE);
-        let target = PollingTarget {
-            url: &url,
-            table: &table,
-            bootstrap: &bootstrap,
-            workers,
-        };
-
-        let window = self.open();
-        let report = polling::run_child(&target, self.timeout)?;
-        let seconds = window.started.elapsed().as_secs_f64();
-        let costs = self.close(&window);
-
-        let mut notes = Vec::new();
-        let unpublished: i64 = self
-            .admin
-            .query_one(
-                &format!("SELECT count(*) FROM {table} WHERE published_at IS NULL"),
-                &[],
-            )
-            .map_err(|err| format!("counting unpublished rows: {err}"))?
-            .get(0);
-        if unpublished != 0 || report.published != events {
-            notes.push(format!(
-                "published {} of {events}, {unpublished} left unpublished",
-                report.published
-            ));
-        }
-        let delivered = setup::records_in_topics(&bootstrap)? - before;
-        if delivered != events as i64 {
-            notes.push(format!(
-                "{delivered} records reached Kafka, expected {events}"
-            ));
-        }
-        notes.push(format!("{} polls", report.polls));
-        let dead = self.dead_tuples(&table, events as i64);
-        sql(&mut self.admin, &format!("DROP TABLE {table}"))?;
-        let mut measured = self.measured(
-            &format!("polling-{workers}"),
-            &format!(
-                "polling relay, {workers} worker{}",
-                if workers == 1 { "" } else { "s" }
-            ),
-            events,
-            seconds,
-            CpuTime(report.cpu_ticks),
-            Some(report.peak_rss_kib),
-            &costs,
-            notes,
-        );
-        measured.dead_tuples = dead;
-        Ok(measured)
-    }
-
-    /// `n_dead_tup` of `table`, once the statistics of the exited backends have arrived
-    /// (they are sent at backend exit): waits up to 5 s for `expected`.
-    fn dead_tuples(&mut self, table: &str, expected: i64) -> Option<i64> {
-        let mut last = None;
-        poll_until(Duration::from_secs(5), || {
-            last = self
-                .admin
-                .query_one(
-                    "SELECT pg_stat_clear_snapshot() IS NULL, \
-                     (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = $1)",
-                    &[&table],
-                )
-                .ok()
-                .and_then(|row| row.get::<_, Option<i64>>(1));
-            last.filter(|&dead| dead >= expected)
-        });
-        last
     }
 }
 

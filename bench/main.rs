@@ -41,12 +41,17 @@
 //!
 //! Each contender waits first until the machine is quiet (`--idle-max-busy`), and one
 //! that started on a busy machine is flagged under the table.
+//!
+//! The options are resolved and checked first (`plan.rs`), before anything starts; the
+//! table, results.json and chart.png are written by `output.rs`.
 
 mod contenders;
 mod debezium;
 mod latency;
 mod latency_runs;
 mod outage;
+mod output;
+mod plan;
 mod polling;
 mod report;
 mod setup;
@@ -59,7 +64,8 @@ use clap::Parser;
 use outbox_relay_harness::procstat;
 
 use contenders::{Bench, Measured};
-use latency_runs::{LatencyPlan, LATENCY_CONTENDERS};
+use latency_runs::LatencyPlan;
+use plan::Plan;
 use report::Report;
 
 /// The contenders a run can select (`--only`).
@@ -160,7 +166,7 @@ fn main() -> ExitCode {
     }
     let options = Options::parse();
     let outcome = match &options.redraw {
-        Some(results) => redraw(results, &options),
+        Some(results) => output::redraw(results, &options),
         None => run(&options),
     };
     match outcome {
@@ -185,117 +191,25 @@ fn relay_bin() -> PathBuf {
 }
 
 fn run(options: &Options) -> Result<(), String> {
-    let smoke = options.smoke;
-    let events = options
-        .events
-        .unwrap_or(if smoke { 2_000 } else { 500_000 });
-    let txn_sizes = options.txn_sizes.clone().unwrap_or_else(|| {
-        if smoke {
-            vec![1, 10, 100]
-        } else {
-            vec![1, 10, 100, 1000]
-        }
-    });
-    if events == 0 || txn_sizes.is_empty() || txn_sizes.contains(&0) {
-        return Err("--events and every --txn-sizes must be positive".into());
-    }
-    let large_txn = options
-        .large_txn
-        .unwrap_or(if smoke { 2_000 } else { 1_000_000 });
-    let outage_plan = outage::OutagePlan {
-        events: options
-            .outage_events
-            .unwrap_or(if smoke { 500 } else { 100_000 }),
-        large_events: options
-            .outage_large_events
-            .unwrap_or(if smoke { 20 } else { 2_000 }),
-        length: Duration::from_secs(options.outage_s.unwrap_or(if smoke { 1 } else { 20 })),
-        baseline: options.baseline_bin.clone(),
-    };
-    let idle_wait =
-        Duration::from_secs(options.idle_wait_s.unwrap_or(if smoke { 0 } else { 1800 }));
-    let selected = |name: &str| {
-        options
-            .only
-            .as_ref()
-            .map_or(true, |only| only.iter().any(|o| o == name))
-    };
-    if let Some(only) = &options.only {
-        if let Some(unknown) = only.iter().find(|o| !CONTENDERS.contains(&o.as_str())) {
-            return Err(format!("--only {unknown}: choose from {CONTENDERS:?}"));
-        }
-    }
-    let relay_bin = relay_bin();
-    if !relay_bin.is_file() {
-        return Err(format!(
-            "no relay binary at {} (cargo builds it for `cargo bench --bench side_by_side`; or set OUTBOX_RELAY_BIN)",
-            relay_bin.display()
-        ));
-    }
-    if let Some(baseline) = &options.baseline_bin {
-        if !baseline.is_file() {
-            return Err(format!(
-                "--baseline-bin {}: no such file",
-                baseline.display()
-            ));
-        }
-    }
+    let plan = Plan::new(options)?;
+    let Plan {
+        smoke,
+        events,
+        large_txn,
+        idle_wait,
+        latency_seconds,
+        ..
+    } = plan;
+    let (txn_sizes, outage_plan, relay_bin) = (&plan.txn_sizes, &plan.outage, &plan.relay_bin);
+    let (latency_rates, latency_single_rates) = (&plan.latency_rates, &plan.latency_single_rates);
+    let (latency_contenders, out_dir) = (&plan.latency_contenders, &plan.out_dir);
+    let selected = |name: &str| plan.selected(name);
     let started = Instant::now();
     let busy_before_run = procstat::busy_percent(Duration::from_secs(if smoke { 1 } else { 3 }));
 
     log("starting PostgreSQL");
     let pg = setup::start_postgres();
-    let latency_rates = options.latency_rates.clone().unwrap_or_else(|| {
-        if smoke {
-            vec![200]
-        } else {
-            vec![1_000, 5_000, 20_000]
-        }
-    });
-    let latency_single_rates: Vec<u32> = options
-        .latency_single_rates
-        .clone()
-        .unwrap_or_else(|| if smoke { vec![200] } else { vec![5_000] })
-        .into_iter()
-        .filter(|&rate| rate > 0)
-        .collect();
-    let latency_seconds = options
-        .latency_seconds
-        .unwrap_or(if smoke { 2 } else { 30 });
-    let latency_contenders: Vec<String> = options
-        .latency_contenders
-        .clone()
-        .unwrap_or_else(|| LATENCY_CONTENDERS.iter().map(|&c| c.to_owned()).collect());
-    if let Some(unknown) = latency_contenders
-        .iter()
-        .find(|c| !LATENCY_CONTENDERS.contains(&c.as_str()))
-    {
-        return Err(format!(
-            "--latency-contenders {unknown}: choose from {LATENCY_CONTENDERS:?}"
-        ));
-    }
-    if latency_rates.is_empty() || latency_rates.contains(&0) || latency_seconds == 0 {
-        return Err("--latency-rates and --latency-seconds must be positive".into());
-    }
-    let uses_debezium = selected("debezium")
-        || (selected("latency") && latency_contenders.iter().any(|c| c == "debezium"));
-    if uses_debezium {
-        // Fails early, naming ./deploy/dev-deps.sh, when the jars are missing.
-        outbox_relay_harness::debezium::find_debezium_libs().ok_or(
-            "Kafka Connect's and Debezium's jars are not installed: run ./deploy/dev-deps.sh \
-             (or leave Debezium out: --only without debezium, --latency-contenders without it)",
-        )?;
-    }
-    let out_dir = out_dir(options)?;
-    let needs_kafka = selected("kafka")
-        || selected("eos")
-        || selected("debezium")
-        || selected("polling")
-        || selected("latency")
-        || selected("messages")
-        || selected("outage")
-        || (selected("large") && large_txn > 0);
-    let kafka = needs_kafka.then(|| {
+    let kafka = plan.needs_kafka().then(|| {
         log("starting Apache Kafka");
         setup::start_kafka()
     });
@@ -334,7 +248,7 @@ fn run(options: &Options) -> Result<(), String> {
     log(&format!(
         "loading {events} events in transactions of {txn_sizes:?}"
     ));
-    let load = setup::load(&mut admin, events, &txn_sizes, options.payload_pad);
+    let load = setup::load(&mut admin, events, txn_sizes, options.payload_pad);
     log(&format!(
         "loaded in {:.1} s, {} WAL bytes, target {}",
         load.seconds, load.wal_bytes, load.target_lsn
@@ -367,13 +281,13 @@ fn run(options: &Options) -> Result<(), String> {
         };
 
     if selected("ceiling") {
-        bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+        bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
         let result = bench.ceiling("bench_ceiling", &load.target_lsn, events);
         setup::drop_slot(&mut bench.admin, "bench_ceiling");
         record("(a) ceiling", result, &mut measured)?;
     }
     if selected("kafka") {
-        bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+        bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
         let result = bench.relay(
             "relay-kafka",
             "relay → Kafka (defaults)",
@@ -404,7 +318,7 @@ fn run(options: &Options) -> Result<(), String> {
             } else {
                 own_bin.clone()
             };
-            bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+            bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
             let result = bench.relay(id, name, slot, "kafka", load.target, events);
             setup::drop_slot(&mut bench.admin, slot);
             record(&format!("(b) {name}"), result, &mut measured)?;
@@ -430,14 +344,14 @@ fn run(options: &Options) -> Result<(), String> {
                 "(b3) relay → Kafka exactly-once, per transaction",
             ),
         ] {
-            bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+            bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
             let result = bench.relay(id, name, slot, sink, load.target, events);
             setup::drop_slot(&mut bench.admin, slot);
             record(what, result, &mut measured)?;
         }
     }
     if selected("stdout") {
-        bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+        bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
         let result = bench.relay(
             "relay-stdout",
             "relay → stdout (/dev/null)",
@@ -450,14 +364,14 @@ fn run(options: &Options) -> Result<(), String> {
         record("(c) relay → stdout", result, &mut measured)?;
     }
     if selected("debezium") {
-        bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+        bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
         let result = bench.debezium("bench_debezium", events);
         setup::drop_slot(&mut bench.admin, "bench_debezium");
         record("(d) Debezium", result, &mut measured)?;
     }
     if selected("polling") {
         for &workers in &options.polling_workers {
-            bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+            bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
             let result = bench.polling(workers, events);
             record(
                 &format!("(e) polling relay, {workers} workers"),
@@ -475,7 +389,7 @@ fn run(options: &Options) -> Result<(), String> {
             &[u32::try_from(large_txn).map_err(|_| "--large-txn too large")?],
             options.payload_pad,
         );
-        bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+        bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
         let result = bench.relay(
             "relay-large",
             &format!("relay → Kafka, one {large_txn}-row transaction"),
@@ -499,8 +413,8 @@ fn run(options: &Options) -> Result<(), String> {
             "loading {events} events as pg_logical_emit_message in transactions of {txn_sizes:?}"
         ));
         let messages =
-            setup::load_messages(&mut bench.admin, events, &txn_sizes, options.payload_pad);
-        bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+            setup::load_messages(&mut bench.admin, events, txn_sizes, options.payload_pad);
+        bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
         bench.table_less = true;
         let result = bench.relay(
             "relay-messages",
@@ -526,8 +440,8 @@ fn run(options: &Options) -> Result<(), String> {
     }
 
     if selected("outage") {
-        bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
-        measured.extend(outage::run(&mut bench, &outage_plan)?);
+        bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
+        measured.extend(outage::run(&mut bench, outage_plan)?);
         notes.push(
             "the outage rows read their own loads (backlogs of large payloads, inserted after \
              the others ran) and include the broker's frozen seconds in their time: no ratios; \
@@ -538,12 +452,12 @@ fn run(options: &Options) -> Result<(), String> {
 
     let mut latency = Vec::new();
     if selected("latency") {
-        bench.busy_before_pct = wait_quiet(options.idle_max_busy, idle_wait);
+        bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
         latency = bench
             .latency(&LatencyPlan {
-                contenders: &latency_contenders,
-                rates: &latency_rates,
-                single_rates: &latency_single_rates,
+                contenders: latency_contenders,
+                rates: latency_rates,
+                single_rates: latency_single_rates,
                 seconds: latency_seconds,
                 pad: options.payload_pad,
             })
@@ -571,7 +485,7 @@ fn run(options: &Options) -> Result<(), String> {
             kafka
                 .as_ref()
                 .map(|_| outbox_relay_harness::kafka::kafka_version()),
-            &relay_bin,
+            relay_bin,
             busy_before_run,
         ),
         settings: serde_json::json!({
@@ -596,76 +510,7 @@ fn run(options: &Options) -> Result<(), String> {
         targets,
         notes,
     };
-    print!("{}", report::markdown(&report));
-    let json = serde_json::to_string_pretty(&report).map_err(|err| err.to_string())?;
-    let json_paths = std::iter::once(out_dir.join("results.json")).chain(options.json.clone());
-    for path in json_paths {
-        std::fs::write(&path, &json).map_err(|err| format!("writing {}: {err}", path.display()))?;
-        log(&format!("wrote {}", path.display()));
-    }
-    // Drawn from the JSON just written, the way --redraw draws it.
-    let chart_path = out_dir.join("chart.png");
-    let drawn = serde_json::to_value(&report)
-        .ok()
-        .as_ref()
-        .and_then(report::chart_from_json)
-        .ok_or_else(|| "the results lack the chart's figures".to_owned())
-        .and_then(|(title, throughput, latency)| {
-            outbox_relay_harness::chart::render_png(&chart_path, &title, &throughput, &latency)
-        });
-    match drawn {
-        Ok(()) => log(&format!("wrote {}", chart_path.display())),
-        // The table and the JSON stand without it; say why it is missing.
-        Err(err) => log(&format!("no chart: {err}")),
-    }
+    output::write(&report, out_dir, options.json.as_deref())?;
     log(&format!("done in {:.1} s", started.elapsed().as_secs_f64()));
     Ok(())
-}
-
-/// `--out-dir`, created.
-fn out_dir(options: &Options) -> Result<PathBuf, String> {
-    let dir = options
-        .out_dir
-        .clone()
-        .unwrap_or_else(|| outbox_relay_harness::repo_root().join("target/side-by-side"));
-    std::fs::create_dir_all(&dir).map_err(|err| format!("creating {}: {err}", dir.display()))?;
-    Ok(dir)
-}
-
-/// `--redraw`: chart.png from an earlier run's results.json.
-fn redraw(results: &std::path::Path, options: &Options) -> Result<(), String> {
-    let text = std::fs::read_to_string(results)
-        .map_err(|err| format!("reading {}: {err}", results.display()))?;
-    let report: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|err| format!("{} is not JSON: {err}", results.display()))?;
-    let (title, throughput, latency) = report::chart_from_json(&report).ok_or_else(|| {
-        format!(
-            "{} is not a results.json of this benchmark",
-            results.display()
-        )
-    })?;
-    let out_dir = out_dir(options)?;
-    let path = out_dir.join("chart.png");
-    outbox_relay_harness::chart::render_png(&path, &title, &throughput, &latency)?;
-    log(&format!("wrote {}", path.display()));
-    Ok(())
-}
-
-/// Waits until the machine's CPUs are at most `max_busy` % busy (sampled over 3 s), for
-/// at most `max_wait`; returns the last sample (0 when not waiting at all).
-fn wait_quiet(max_busy: f64, max_wait: Duration) -> f64 {
-    if max_wait.is_zero() {
-        return procstat::busy_percent(Duration::from_millis(200));
-    }
-    let deadline = Instant::now() + max_wait;
-    loop {
-        let busy = procstat::busy_percent(Duration::from_secs(3));
-        if busy <= max_busy || Instant::now() >= deadline {
-            return busy;
-        }
-        log(&format!(
-            "machine {busy:.0}% busy (limit {max_busy:.0}%); waiting"
-        ));
-        std::thread::sleep(Duration::from_secs(7));
-    }
 }

@@ -32,7 +32,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use outbox_relay::sink::kafka_config::PRODUCER_DEFAULTS;
-use outbox_relay_harness::procstat;
+use outbox_relay_harness::procstat::{self, CpuTime};
+use outbox_relay_harness::wait::poll_until;
 use postgres::{Client, NoTls};
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
@@ -40,6 +41,9 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::util::Timeout;
+
+use crate::contenders::{Bench, Measured};
+use crate::setup::{self, DATABASE};
 
 /// The first argument that turns the benchmark executable into the polling relay.
 pub const WORKER_ARG: &str = "__polling_relay";
@@ -342,5 +346,106 @@ fn send(
             }
             Err((err, _)) => return Err(format!("sending to {topic}: {err}")),
         }
+    }
+}
+
+// ------------------------------------------------------------------ contender (e)
+
+impl Bench<'_> {
+    /// (e) The polling relay with `workers` workers, on a fresh copy of the loaded
+    /// outbox (`bench_poll_<workers>`: same rows, same indexes, vacuumed), until every
+    /// row is published.
+    pub fn polling(&mut self, workers: usize, events: u64) -> Result<Measured, String> {
+        let table = format!("bench_poll_{workers}");
+        let sql = |client: &mut Client, sql: &str| {
+            client
+                .batch_execute(sql)
+                .map_err(|err| format!("{sql}: {err}"))
+        };
+        sql(
+            &mut self.admin,
+            &format!(
+                "CREATE TABLE {table} (LIKE public.outbox INCLUDING ALL);
+                 INSERT INTO {table} SELECT * FROM public.outbox;"
+            ),
+        )?;
+        sql(&mut self.admin, &format!("VACUUM ANALYZE {table}"))?;
+        sql(&mut self.admin, "CHECKPOINT")?;
+        let kafka = self
+            .kafka
+            .ok_or("the polling relay needs the Kafka broker")?;
+        let bootstrap = kafka.bootstrap();
+        let before = setup::records_in_topics(&bootstrap)?;
+        let url = self.pg.url("postgres", None, DATABASE);
+        let target = PollingTarget {
+            url: &url,
+            table: &table,
+            bootstrap: &bootstrap,
+            workers,
+        };
+
+        let window = self.open();
+        let report = run_child(&target, self.timeout)?;
+        let seconds = window.started.elapsed().as_secs_f64();
+        let costs = self.close(&window);
+
+        let mut notes = Vec::new();
+        let unpublished: i64 = self
+            .admin
+            .query_one(
+                &format!("SELECT count(*) FROM {table} WHERE published_at IS NULL"),
+                &[],
+            )
+            .map_err(|err| format!("counting unpublished rows: {err}"))?
+            .get(0);
+        if unpublished != 0 || report.published != events {
+            notes.push(format!(
+                "published {} of {events}, {unpublished} left unpublished",
+                report.published
+            ));
+        }
+        let delivered = setup::records_in_topics(&bootstrap)? - before;
+        if delivered != events as i64 {
+            notes.push(format!(
+                "{delivered} records reached Kafka, expected {events}"
+            ));
+        }
+        notes.push(format!("{} polls", report.polls));
+        let dead = self.dead_tuples(&table, events as i64);
+        sql(&mut self.admin, &format!("DROP TABLE {table}"))?;
+        let mut measured = self.measured(
+            &format!("polling-{workers}"),
+            &format!(
+                "polling relay, {workers} worker{}",
+                if workers == 1 { "" } else { "s" }
+            ),
+            events,
+            seconds,
+            CpuTime(report.cpu_ticks),
+            Some(report.peak_rss_kib),
+            &costs,
+            notes,
+        );
+        measured.dead_tuples = dead;
+        Ok(measured)
+    }
+
+    /// `n_dead_tup` of `table`, once the statistics of the exited backends have arrived
+    /// (they are sent at backend exit): waits up to 5 s for `expected`.
+    fn dead_tuples(&mut self, table: &str, expected: i64) -> Option<i64> {
+        let mut last = None;
+        poll_until(Duration::from_secs(5), || {
+            last = self
+                .admin
+                .query_one(
+                    "SELECT pg_stat_clear_snapshot() IS NULL, \
+                     (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = $1)",
+                    &[&table],
+                )
+                .ok()
+                .and_then(|row| row.get::<_, Option<i64>>(1));
+            last.filter(|&dead| dead >= expected)
+        });
+        last
     }
 }

@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 use outbox_relay::pg::sql::QualifiedName;
 use outbox_relay::pg::state;
 use outbox_relay_harness::outbox::OUTBOX_SQL;
+use outbox_relay_harness::procstat;
+
+use crate::log;
 use outbox_relay_harness::{create_topic, lsn_to_u64, produce, KafkaBroker, PgCluster, PgOptions};
 use postgres::{Client, SimpleQueryMessage};
 use rdkafka::config::ClientConfig;
@@ -282,5 +285,24 @@ impl TopicCounter {
             }
         }
         Ok(total)
+    }
+}
+
+/// Waits until the machine's CPUs are at most `max_busy` % busy (sampled over 3 s), for
+/// at most `max_wait`; returns the last sample (0 when not waiting at all).
+pub fn wait_quiet(max_busy: f64, max_wait: Duration) -> f64 {
+    if max_wait.is_zero() {
+        return procstat::busy_percent(Duration::from_millis(200));
+    }
+    let deadline = Instant::now() + max_wait;
+    loop {
+        let busy = procstat::busy_percent(Duration::from_secs(3));
+        if busy <= max_busy || Instant::now() >= deadline {
+            return busy;
+        }
+        log(&format!(
+            "machine {busy:.0}% busy (limit {max_busy:.0}%); waiting"
+        ));
+        std::thread::sleep(Duration::from_secs(7));
     }
 }
