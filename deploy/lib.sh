@@ -109,7 +109,7 @@ kafka_version() {
 }
 
 # Where the broker's jars live: $OUTBOX_RELAY_KAFKA_LIBS, else
-# ${XDG_CACHE_HOME:-~/.cache}/outbox-relay/kafka-<version>/libs (as in harness/src/kafka.rs).
+# ${XDG_CACHE_HOME:-~/.cache}/outbox-relay/kafka-<version>/libs (as in harness/src/kafka/jvm.rs).
 kafka_libs_dir() {
     if [ -n "${OUTBOX_RELAY_KAFKA_LIBS:-}" ]; then echo "$OUTBOX_RELAY_KAFKA_LIBS"; return; fi
     echo "${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-$(kafka_version)/libs"

@@ -71,8 +71,6 @@ impl PgCluster {
         row.get::<_, Option<String>>(0).map(|lsn| lsn_to_u64(&lsn))
     }
 
-    /// `server_version_num`, e.g. 170010 for 17.10: for expectations that differ by
-    /// PostgreSQL version.
     /// `initdb` and `postgres` of the given major version, as `deploy/dev-deps.sh`
     /// installs them (`ensure_pg_version` in deploy/lib.sh prints the directory).
     pub fn bindir_of_major(major: u32) -> PathBuf {
@@ -90,6 +88,8 @@ impl PgCluster {
         PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
     }
 
+    /// `server_version_num`, e.g. 170010 for 17.10: for expectations that differ by
+    /// PostgreSQL version.
     pub fn server_version_num(&self) -> u32 {
         let text = query_lsn(&mut self.client(), "SHOW server_version_num");
         text.parse()

@@ -153,8 +153,6 @@ pub(super) fn server_command(program: &Path, dir: &Path) -> Command {
     command
 }
 
-/// Where to create cluster dirs. When running as root the dir must be reachable by the
-/// `postgres` user: if some ancestor of `$TMPDIR` is not world-searchable, use /tmp.
 /// A fresh temp dir for a cluster, owned by the server's OS user.
 pub(super) fn new_cluster_dir() -> TempDir {
     let dir = tempfile::Builder::new()
@@ -204,6 +202,8 @@ pub(super) fn chown_tree(path: &Path, user: &User) {
     }
 }
 
+/// Where to create cluster dirs. When running as root the dir must be reachable by the
+/// `postgres` user: if some ancestor of `$TMPDIR` is not world-searchable, use /tmp.
 fn temp_base() -> PathBuf {
     let base = std::env::temp_dir();
     if run_as().is_none() {
