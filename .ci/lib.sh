@@ -4,6 +4,7 @@
 # job per line: a test target of the root package, then the arguments for its test binary
 # (name filters). .ci/pg-versions runs them with `cargo test`, .ci/test runs the binaries.
 #   stdout_relay.rs, lost_slot.rs, partitioned_outbox.rs, outbox_changes.rs,
+#   many_outboxes.rs (one publication and one watch query over several tables),
 #   record_resume.rs (all of them: the slot rewinds after a crash on every version),
 #   resilience.rs (slot, publication, promotion and timeline tests),
 #   bad_input_config.rs (exhausted slots, a role without REPLICATION), check.rs,
@@ -13,7 +14,7 @@
 #   messages option; its PostgreSQL 13 test starts 13 itself).
 pg_version_jobs() {
     local major="$1" target
-    for target in stdout_relay lost_slot partitioned_outbox outbox_changes record_resume check admin_commands tls_postgres; do
+    for target in stdout_relay lost_slot partitioned_outbox outbox_changes many_outboxes record_resume check admin_commands tls_postgres; do
         echo "$target"
     done
     echo "resilience slot publication promotion timeline"

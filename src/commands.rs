@@ -181,7 +181,8 @@ impl Operation for Backfill {
     }
 
     async fn run(self, settings: Validated) -> Result<ExitCode, Failure> {
-        let report = backfill::backfill(&settings, &self.since, &self.column).await?;
+        let report =
+            backfill::backfill(&settings, &self.since, &self.column, self.table.as_deref()).await?;
         eprintln!("{}", report.said(&self.since));
         Ok(if report.unroutable > 0 {
             ExitCode::FAILURE

@@ -24,6 +24,9 @@
 mod env;
 #[cfg(test)]
 mod messages_tests;
+pub mod outboxes;
+#[cfg(test)]
+mod outboxes_tests;
 mod report;
 mod validate;
 
@@ -34,7 +37,7 @@ use serde::Deserialize;
 use crate::metrics::MetricsConfig;
 use crate::pg::config::PostgresConfig;
 use crate::relay::messages::config::MessagesConfig;
-use crate::relay::router::config::OutboxConfig;
+use crate::relay::router::config::OutboxSection;
 use crate::relay::settings::{DeadLetterConfig, RelayConfig, Settings};
 use crate::sink::kafka_config::KafkaConfig;
 use crate::sink::SinkConfig;
@@ -46,8 +49,10 @@ pub type Validated = Settings;
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub postgres: PostgresConfig,
+    /// One `[outbox]`, or a list of `[[outbox]]` tables (with `[outbox_defaults]`
+    /// merged into each entry by [`outboxes::merge_defaults`] before this is read).
     #[serde(default)]
-    pub outbox: OutboxConfig,
+    pub outbox: OutboxSection,
     #[serde(default)]
     pub sink: SinkConfig,
     #[serde(default)]
@@ -131,6 +136,10 @@ impl Config {
         });
         let overrides = env::apply(&mut tree, vars)
             .map_err(|problems| ConfigError::Environment { problems })?;
+        outboxes::merge_defaults(&mut tree).map_err(|problems| ConfigError::Invalid {
+            path: path.to_owned(),
+            problems,
+        })?;
         for set in &overrides {
             tracing::info!(variable = %set.variable, key = %set.key, "configuration key set from the environment");
         }
@@ -373,14 +382,26 @@ mod tests {
     fn the_environment_key_table_matches_the_structs() {
         let sections: std::collections::BTreeSet<String> =
             env::KEYS.iter().map(|(name, _)| name.to_string()).collect();
+        let mut struct_sections = fields(None);
+        struct_sections.insert(outboxes::DEFAULTS.to_owned());
         assert_eq!(
-            sections,
-            fields(None),
+            sections, struct_sections,
             "sections in config/env/keys.rs KEYS"
         );
         for (section, keys) in env::KEYS {
             let keys: std::collections::BTreeSet<String> =
                 keys.iter().map(|(key, _)| key.to_string()).collect();
+            if *section == outboxes::DEFAULTS {
+                // Merged into the [[outbox]] entries before the tree is read: [outbox]'s
+                // keys but table and enabled.
+                let shared: std::collections::BTreeSet<String> =
+                    outboxes::default_keys().map(str::to_owned).collect();
+                assert_eq!(
+                    keys, shared,
+                    "keys of [{section}] in config/env/keys.rs KEYS"
+                );
+                continue;
+            }
             assert_eq!(
                 keys,
                 fields(Some(section)),

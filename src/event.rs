@@ -76,9 +76,16 @@ pub struct OutboxEvent {
     /// Record timestamp in Unix milliseconds: `outbox.timestamp_column`'s value, or the
     /// transaction's commit time.
     pub timestamp_ms: i64,
+    /// Which outbox table the event came from: its index in the configuration's list
+    /// (0 with one table; [`OutboxEvent::NOT_A_TABLE`] for a logical decoding message's
+    /// record).
+    pub outbox: u32,
 }
 
 impl OutboxEvent {
+    /// [`OutboxEvent::outbox`] of a record made from a logical decoding message.
+    pub const NOT_A_TABLE: u32 = u32::MAX;
+
     /// The exact bytes of the Kafka record value; `None` for a null value (tombstone).
     ///
     /// Without envelope fields, the payload itself: json/jsonb as their JSON text, text
@@ -192,6 +199,7 @@ mod tests {
             tombstone,
             lsn: Lsn(1),
             timestamp_ms: 0,
+            outbox: 0,
         }
     }
 

@@ -279,6 +279,10 @@ struct Backfill {
     /// The outbox's timestamp column.
     #[arg(long, default_value = "created_at")]
     column: String,
+    /// Only this outbox table (`schema.table`); every outbox table of the
+    /// configuration when not given.
+    #[arg(long)]
+    table: Option<String>,
 }
 
 /// Whether logs are JSON lines (`--log-format json`): then the final error is one too.

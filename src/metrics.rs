@@ -50,6 +50,7 @@ pub const MESSAGES_TOTAL: &str = "outbox_relay_messages_total";
 pub const MESSAGES_REFUSED_TOTAL: &str = "outbox_relay_messages_refused_total";
 pub const MESSAGES_IGNORED_TOTAL: &str = "outbox_relay_messages_ignored_total";
 pub const TOPIC_DEAD_LETTERED_TOTAL: &str = "outbox_relay_topic_dead_lettered_total";
+pub const OUTBOX_EVENTS_TOTAL: &str = "outbox_relay_outbox_events_total";
 
 /// `[metrics]`: where to serve them.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -115,6 +116,10 @@ pub struct Metrics {
     /// Events sent to the dead-letter topic, per the topic they were routed to (`""`
     /// when routing failed).
     pub dead_lettered_by_topic: TopicCounts,
+    /// Events read from each outbox table, by the table's place in the configuration
+    /// (its labels are the configured tables: bounded by the configuration). Set once,
+    /// when the relay starts ([`Metrics::name_outboxes`]).
+    pub events_by_outbox: std::sync::OnceLock<Vec<(String, AtomicU64)>>,
     pub health: Health,
 }
 
@@ -173,6 +178,28 @@ pub fn unix_ms_now() -> u64 {
 impl Metrics {
     pub fn new() -> Arc<Self> {
         Arc::new(Metrics::default())
+    }
+
+    /// Names the per-outbox counters, in the configuration's order (once; later calls
+    /// change nothing).
+    pub fn name_outboxes(&self, tables: impl IntoIterator<Item = String>) {
+        let _ = self.events_by_outbox.set(
+            tables
+                .into_iter()
+                .map(|table| (table, AtomicU64::new(0)))
+                .collect(),
+        );
+    }
+
+    /// Counts an event of the outbox at `index` (a message's record has none).
+    pub fn add_outbox_event(&self, index: u32) {
+        let counter = self
+            .events_by_outbox
+            .get()
+            .and_then(|counters| counters.get(usize::try_from(index).ok()?));
+        if let Some((_, counter)) = counter {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub fn add(counter: &AtomicU64, n: u64) {
@@ -287,6 +314,7 @@ mod tests {
                 "outbox_relay_commit_to_delivery_seconds histogram",
                 "outbox_relay_topic_delivered_total counter",
                 "outbox_relay_topic_dead_lettered_total counter",
+                "outbox_relay_outbox_events_total counter",
             ]
         );
     }

@@ -233,6 +233,12 @@ fn set(table: &mut Table, path: &[String], value: Value) -> Result<(), String> {
             .or_insert_with(|| Value::Table(Table::new()));
         here = match entry {
             Value::Table(inner) => inner,
+            Value::Array(_) if depth == 0 && part == "outbox" => {
+                return Err(
+                    "outbox in the file is a list of [[outbox]] tables; a value all of them share is set with OUTBOX_RELAY__OUTBOX_DEFAULTS__<KEY>, one entry's own value in the file"
+                        .to_owned(),
+                )
+            }
             _ => {
                 return Err(format!(
                     "{} in the file is not a table",

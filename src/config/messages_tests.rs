@@ -16,9 +16,9 @@ fn a_messages_only_configuration_and_its_cross_section_checks() {
         "{base}[outbox]\nenabled = false\n[messages]\nprefixes = [\"orders\"]\n"
     ))
     .unwrap();
-    assert!(!v.outbox_enabled);
+    assert!(!v.outbox_enabled());
     let spec = v.source();
-    assert!(!spec.outbox && spec.messages);
+    assert!(!spec.outbox() && spec.messages);
     assert!(
         crate::pg::slot::start_replication_command(&spec, Lsn(0)).ends_with(", messages 'true')")
     );

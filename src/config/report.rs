@@ -247,6 +247,15 @@ fn find_key(text: &str, path: &[String]) -> Option<(usize, usize)> {
     if path.is_empty() {
         return None;
     }
+    // A key of an array of tables (`[[outbox]]`) listed more than once: the path does
+    // not say which entry, so no line is better than the wrong one.
+    let entries = text
+        .lines()
+        .filter(|line| line.trim() == format!("[[{}]]", path[0]))
+        .count();
+    if entries > 1 {
+        return None;
+    }
     let mut table: Vec<String> = Vec::new();
     let mut best: Option<(usize, usize, usize)> = None; // (depth, line, column)
     for (index, line) in text.lines().enumerate() {

@@ -6,6 +6,8 @@
 //! parsed [`Config`], and is where a new cross-section rule goes.
 
 use super::Config;
+use crate::pg::sql::QualifiedName;
+use crate::relay::router::config::OutboxSection;
 use crate::relay::settings::Settings;
 use crate::sink::{SinkKind, SinkSpec};
 
@@ -13,14 +15,23 @@ impl Config {
     /// Check every section; returns all problems, each with its key path.
     pub fn validate(self, env_password: Option<String>) -> Result<Settings, Vec<String>> {
         let mut problems = Vec::new();
-        let outbox = self
+        let outboxes = self
             .outbox
             .build()
             .map_err(|outbox_problems| problems.extend(outbox_problems))
             .ok();
+        // The state table's schema and the tables it must not be: the outbox tables, or
+        // for a messages-only relay the one it names.
+        let tables: Option<Vec<_>> = match (&outboxes, &self.outbox) {
+            (Some(outboxes), _) if !outboxes.is_empty() => {
+                Some(outboxes.iter().map(|o| o.table.clone()).collect())
+            }
+            (_, OutboxSection::One(one)) => QualifiedName::parse(&one.table).ok().map(|t| vec![t]),
+            (_, OutboxSection::Many(_)) => None,
+        };
         let source = self
             .postgres
-            .check(outbox.as_ref().map(|o| &o.table), env_password)
+            .check(tables.as_deref(), env_password)
             .map_err(|postgres_problems| problems.extend(postgres_problems))
             .ok();
         let sink = match (self.sink.kind, self.kafka) {
@@ -54,12 +65,13 @@ impl Config {
         };
         if let Some(dead_letter) = &self.dead_letter {
             problems.extend(dead_letter.problems());
-            let constant = outbox.as_ref().and_then(|o| o.router.constant_topic());
-            if constant.as_deref() == Some(dead_letter.topic.as_str()) {
-                problems.push(format!(
-                    "outbox.topic: {:?} sends every event to {:?}, the [dead_letter] topic, where it would be taken for a dead letter; route events elsewhere or choose another dead_letter.topic",
-                    self.outbox.topic, dead_letter.topic
-                ));
+            for (path, entry) in self.outbox.entries() {
+                if entry.topic == dead_letter.topic {
+                    problems.push(format!(
+                        "{path}.topic: {:?} sends every event to {:?}, the [dead_letter] topic, where it would be taken for a dead letter; route events elsewhere or choose another dead_letter.topic",
+                        entry.topic, dead_letter.topic
+                    ));
+                }
             }
         }
         if let Some(metrics) = &self.metrics {
@@ -73,7 +85,7 @@ impl Config {
                 .flatten(),
             None => None,
         };
-        if !self.outbox.enabled && messages.is_none() && problems.is_empty() {
+        if !self.outbox.enabled() && messages.is_none() && problems.is_empty() {
             problems.push(
                 "outbox.enabled: false leaves nothing to relay; configure a [messages] section (the table-less outbox) or enable the outbox table".into(),
             );
@@ -87,19 +99,17 @@ impl Config {
             }
         }
         problems.extend(self.relay.problems());
-        match (outbox, source, sink) {
-            (Some(outbox), Some((connect, state_table)), Some(sink)) if problems.is_empty() => {
+        match (outboxes, source, sink) {
+            (Some(outboxes), Some((connect, state_table)), Some(sink)) if problems.is_empty() => {
                 Ok(Settings {
                     postgres: self.postgres,
                     connect,
-                    table: outbox.table,
+                    outboxes,
                     state_table,
-                    router: outbox.router,
                     sink,
                     dead_letter_topic: self.dead_letter.map(|d| d.topic),
                     relay: self.relay,
                     metrics: self.metrics,
-                    outbox_enabled: self.outbox.enabled,
                     messages,
                 })
             }
@@ -126,9 +136,12 @@ mod tests {
         let v = config.validate(None).unwrap();
         assert_eq!(v.postgres.slot, DEFAULT_SLOT);
         assert_eq!(v.postgres.publication, DEFAULT_PUBLICATION);
-        assert_eq!(v.table, QualifiedName::parse(DEFAULT_TABLE).unwrap());
+        assert_eq!(
+            v.tables(),
+            vec![QualifiedName::parse(DEFAULT_TABLE).unwrap()]
+        );
         assert!(matches!(v.sink, SinkSpec::Stdout));
-        assert_eq!(v.router.key_column(), "id");
+        assert_eq!(v.outboxes[0].router.key_column(), "id");
         assert_eq!(v.connect.password.as_ref().unwrap().expose(), "pw");
         assert!(
             !format!("{v:?}").contains("pw@"),

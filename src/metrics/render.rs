@@ -10,8 +10,8 @@ use super::{
     unix_ms_now, Metrics, DEAD_LETTERED_TOTAL, DELIVERY_LATENCY_SECONDS, EVENTS_TOTAL, FLUSH_LSN,
     IN_FLIGHT, IN_FLIGHT_BYTES, KAFKA_TRANSACTIONS_TOTAL, LAST_STATUS_UNIX_SECONDS,
     MESSAGES_IGNORED_TOTAL, MESSAGES_REFUSED_TOTAL, MESSAGES_TOTAL, OLDEST_UNDELIVERED_SECONDS,
-    RECEIVED_LSN, REPLICATION_LAG_BYTES, REPLICATION_LAG_SECONDS, RESTARTS_TOTAL,
-    SKIPPED_COMMITTED_TOTAL, SKIPPED_RECORDED_TOTAL, STREAMING, TAKEOVERS_TOTAL,
+    OUTBOX_EVENTS_TOTAL, RECEIVED_LSN, REPLICATION_LAG_BYTES, REPLICATION_LAG_SECONDS,
+    RESTARTS_TOTAL, SKIPPED_COMMITTED_TOTAL, SKIPPED_RECORDED_TOTAL, STREAMING, TAKEOVERS_TOTAL,
     TOPIC_DEAD_LETTERED_TOTAL, TOPIC_DELIVERED_TOTAL, TRANSACTIONS_TOTAL,
 };
 
@@ -174,6 +174,16 @@ impl Metrics {
                 ));
             }
         }
+        out.push_str(&format!(
+            "# HELP {OUTBOX_EVENTS_TOTAL} Events read from each outbox table (one label per configured table).\n# TYPE {OUTBOX_EVENTS_TOTAL} counter\n"
+        ));
+        for (table, count) in self.events_by_outbox.get().into_iter().flatten() {
+            out.push_str(&format!(
+                "{OUTBOX_EVENTS_TOTAL}{{outbox=\"{}\"}} {}\n",
+                escape_label(table),
+                get(count)
+            ));
+        }
         out
     }
 }
@@ -257,7 +267,19 @@ mod tests {
         metrics.delivered_by_topic.add("orders", 2);
         metrics.delivered_by_topic.add("orders", 3);
         metrics.dead_lettered_by_topic.add("we\"ird", 1);
+        metrics.name_outboxes(["a.outbox".to_owned(), "b.outbox".to_owned()]);
+        metrics.add_outbox_event(1);
+        metrics.add_outbox_event(1);
+        metrics.add_outbox_event(u32::MAX);
         let text = metrics.render();
+        assert!(
+            text.contains(&format!("{OUTBOX_EVENTS_TOTAL}{{outbox=\"a.outbox\"}} 0\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{OUTBOX_EVENTS_TOTAL}{{outbox=\"b.outbox\"}} 2\n")),
+            "{text}"
+        );
         assert!(
             text.contains(&format!("{TOPIC_DELIVERED_TOTAL}{{topic=\"orders\"}} 5\n")),
             "{text}"

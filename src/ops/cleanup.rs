@@ -1,4 +1,4 @@
-//! `outbox-relay cleanup`: deletes outbox rows older than a cutoff that the slot has
+//! `outbox-relay cleanup`: deletes rows of every outbox table older than a cutoff that the slot has
 //! provably passed, and drops whole old partitions; refuses when the relay lags behind.
 //! The I/O around the pure SQL of [`super::cleanup_sql`], whose module doc carries the
 //! correctness argument.
@@ -119,15 +119,21 @@ pub async fn cleanup(
         cutoff: cutoff.clone(),
         ..CleanupReport::default()
     };
-    let leaves = conn
-        .simple_query(&cleanup_sql::leaves_sql(&settings.table))
-        .await?;
-    for row in 0..leaves.rows.len() {
-        let leaf = QualifiedName {
-            schema: leaves.get(row, "schema").unwrap_or_default().to_owned(),
-            name: leaves.get(row, "name").unwrap_or_default().to_owned(),
-        };
-        if let Some(upper) = leaves.get(row, "upper_bound") {
+    // Every outbox table's leaves (the table itself, or its partitions), with the
+    // upper bound of a range partition.
+    let mut leaves: Vec<(QualifiedName, Option<String>)> = Vec::new();
+    for table in settings.tables() {
+        let found = conn.simple_query(&cleanup_sql::leaves_sql(&table)).await?;
+        for row in 0..found.rows.len() {
+            let leaf = QualifiedName {
+                schema: found.get(row, "schema").unwrap_or_default().to_owned(),
+                name: found.get(row, "name").unwrap_or_default().to_owned(),
+            };
+            leaves.push((leaf, found.get(row, "upper_bound").map(str::to_owned)));
+        }
+    }
+    for (leaf, upper) in leaves {
+        if let Some(upper) = upper.as_deref() {
             let check = conn
                 .simple_query(&cleanup_sql::partition_droppable_sql(
                     &leaf, upper, &snapshot, &cutoff,

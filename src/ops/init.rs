@@ -20,13 +20,12 @@ pub fn init_script(
     app_role: &str,
 ) -> String {
     setup_sql(&InitSpec {
-        table: settings.table.clone(),
+        tables: settings.tables(),
         state_table: settings.state_table.clone(),
         publication: settings.postgres.publication.clone(),
         partitioned,
         relay_role: relay_role.to_owned(),
         app_role: app_role.to_owned(),
-        outbox: settings.outbox_enabled,
         messages: settings.messages.is_some(),
     })
 }

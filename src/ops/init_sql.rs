@@ -23,33 +23,54 @@ use crate::pg::state;
 /// What to set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InitSpec {
-    pub table: QualifiedName,
+    /// The outbox tables; none for a messages-only relay (`[outbox] enabled = false`).
+    pub tables: Vec<QualifiedName>,
     pub state_table: QualifiedName,
     pub publication: String,
     pub partitioned: bool,
     pub relay_role: String,
     pub app_role: String,
-    /// The outbox table is relayed (`[outbox] enabled`).
-    pub outbox: bool,
     /// The table-less outbox is relayed (`[messages]`).
     pub messages: bool,
 }
 
+impl InitSpec {
+    /// The schemas of the outbox tables, each once, in the tables' order.
+    fn schemas(&self) -> Vec<&str> {
+        let mut schemas: Vec<&str> = Vec::new();
+        for table in &self.tables {
+            if !schemas.contains(&table.schema.as_str()) {
+                schemas.push(&table.schema);
+            }
+        }
+        schemas
+    }
+}
+
 /// The whole script.
 pub fn setup_sql(spec: &InitSpec) -> String {
-    let table = spec.table.quoted();
-    let schema = quote_ident(&spec.table.schema);
     let relay = quote_ident(&spec.relay_role);
     let app = quote_ident(&spec.app_role);
     let mut sql = String::new();
-    if !spec.outbox {
+    if spec.tables.is_empty() {
         return table_less_sql(spec);
     }
+    let shown: Vec<String> = spec.tables.iter().map(ToString::to_string).collect();
+    let tables: Vec<String> = spec.tables.iter().map(QualifiedName::quoted).collect();
+    let tables = tables.join(", ");
     sql.push_str(&format!(
         "-- outbox-relay set-up for {}: safe to run again.\n\n",
-        spec.table
+        shown.join(", ")
     ));
-    sql.push_str(&outbox_table_sql(spec));
+    for schema in spec.schemas().into_iter().filter(|s| *s != "public") {
+        sql.push_str(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {};\n",
+            quote_ident(schema)
+        ));
+    }
+    for table in &spec.tables {
+        sql.push_str(&outbox_table_sql(table, spec.partitioned));
+    }
     sql.push_str(&format!(
         "\n-- The relay's record of its slot (a lost slot is never silently replaced).\n{};\n",
         state::create_table_sql(&spec.state_table)
@@ -62,12 +83,18 @@ pub fn setup_sql(spec: &InitSpec) -> String {
     sql.push_str(&format!(
         "\n-- Inserts only: deletes (cleanup) and updates never reach the stream.\n\
          DO $$ BEGIN\n  IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = {}) THEN\n    \
-         CREATE PUBLICATION {} FOR TABLE {table} WITH (publish = 'insert'{via_root});\n  END IF;\nEND $$;\n",
+         CREATE PUBLICATION {} FOR TABLE {tables} WITH (publish = 'insert'{via_root});\n  END IF;\nEND $$;\n",
         quote_literal(&spec.publication),
         quote_ident(&spec.publication),
     ));
+    let usage = |role: &str| -> String {
+        spec.schemas()
+            .iter()
+            .map(|schema| format!("GRANT USAGE ON SCHEMA {} TO {role};\n", quote_ident(schema)))
+            .collect()
+    };
     // The state table's schema needs its own USAGE only when it is another schema.
-    let state_schema_usage = if spec.state_table.schema == spec.table.schema {
+    let state_schema_usage = if spec.schemas().contains(&spec.state_table.schema.as_str()) {
         String::new()
     } else {
         format!(
@@ -79,11 +106,12 @@ pub fn setup_sql(spec: &InitSpec) -> String {
         "\n-- The relay: streams the WAL (REPLICATION), reads the outbox, keeps its record\n\
          -- (DELETE for `slot drop --forget`).\n\
          {}\n\
-         GRANT USAGE ON SCHEMA {schema} TO {relay};\n\
-         GRANT SELECT ON {table} TO {relay};\n\
+         {}\
+         GRANT SELECT ON {tables} TO {relay};\n\
          {state_schema_usage}\
          GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {relay};\n{}",
         create_role_sql(&spec.relay_role, "LOGIN REPLICATION"),
+        usage(&relay),
         spec.state_table.quoted(),
         takeover_grant_sql(&spec.relay_role),
     ));
@@ -91,9 +119,10 @@ pub fn setup_sql(spec: &InitSpec) -> String {
         "\n-- The application: may INSERT into the outbox, nothing else (no UPDATE, DELETE\n\
          -- or TRUNCATE: events, once written, are history).\n\
          {}\n\
-         GRANT USAGE ON SCHEMA {schema} TO {app};\n\
-         GRANT INSERT ON {table} TO {app};\n",
+         {}\
+         GRANT INSERT ON {tables} TO {app};\n",
         create_role_sql(&spec.app_role, "LOGIN"),
+        usage(&app),
     ));
     if spec.messages {
         sql.push_str(&emit_message_grants_sql(&spec.app_role));
@@ -174,22 +203,22 @@ fn create_role_sql(role: &str, attributes: &str) -> String {
 }
 
 /// Debezium's default outbox shape; partitioned by `created_at` when asked.
-fn outbox_table_sql(spec: &InitSpec) -> String {
-    let table = spec.table.quoted();
+fn outbox_table_sql(outbox: &QualifiedName, partitioned: bool) -> String {
+    let table = outbox.quoted();
     let columns = "    id            uuid         NOT NULL DEFAULT gen_random_uuid(),\n    \
          aggregatetype varchar(255) NOT NULL,  -- routes the event: topic outbox.event.<aggregatetype>\n    \
          aggregateid   varchar(255) NOT NULL,  -- the aggregate's id (key_column = \"aggregateid\" keys by it)\n    \
          type          varchar(255) NOT NULL,  -- event type, e.g. OrderCreated\n    \
          payload       jsonb,                  -- the event body, written to Kafka as JSON\n    \
          created_at    timestamptz  NOT NULL DEFAULT now(),\n";
-    if !spec.partitioned {
+    if !partitioned {
         return format!(
             "-- The outbox, in Debezium's default shape.\nCREATE TABLE IF NOT EXISTS {table} (\n{columns}    PRIMARY KEY (id)\n);\n"
         );
     }
     let default_partition = QualifiedName {
-        schema: spec.table.schema.clone(),
-        name: format!("{}_default", spec.table.name),
+        schema: outbox.schema.clone(),
+        name: format!("{}_default", outbox.name),
     };
     format!(
         "-- The outbox, in Debezium's default shape, partitioned by month of created_at: old\n\
@@ -204,8 +233,8 @@ fn outbox_table_sql(spec: &InitSpec) -> String {
          {}, {} || '_' || to_char(month, 'YYYY_MM'), {}, month, month + interval '1 month');\n  \
          END LOOP;\nEND $$;\n",
         default_partition.quoted(),
-        quote_literal(&spec.table.schema),
-        quote_literal(&spec.table.name),
+        quote_literal(&outbox.schema),
+        quote_literal(&outbox.name),
         quote_literal(&table),
     )
 }
@@ -216,13 +245,12 @@ mod tests {
 
     fn spec(partitioned: bool) -> InitSpec {
         InitSpec {
-            table: QualifiedName::parse("public.outbox").unwrap(),
+            tables: vec![QualifiedName::parse("public.outbox").unwrap()],
             state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
             publication: "outbox_relay".into(),
             partitioned,
             relay_role: "outbox_relay".into(),
             app_role: "app_writer".into(),
-            outbox: true,
             messages: false,
         }
     }
@@ -230,7 +258,7 @@ mod tests {
     #[test]
     fn a_table_less_set_up_has_no_table_and_restricts_emitting_messages() {
         let mut table_less = spec(false);
-        table_less.outbox = false;
+        table_less.tables.clear();
         table_less.messages = true;
         let sql = setup_sql(&table_less);
         assert!(
@@ -291,6 +319,41 @@ mod tests {
         );
         assert!(!sql.contains("UPDATE ON \"public\".\"outbox\""));
         assert!(!sql.contains("PARTITION"));
+    }
+
+    #[test]
+    fn several_outboxes_are_made_published_and_granted_together() {
+        let mut several = spec(false);
+        several.tables = ["tenant_1.outbox", "tenant_2.outbox", "public.outbox"]
+            .iter()
+            .map(|name| QualifiedName::parse(name).unwrap())
+            .collect();
+        let sql = setup_sql(&several);
+        for needle in [
+            "CREATE SCHEMA IF NOT EXISTS \"tenant_1\";",
+            "CREATE SCHEMA IF NOT EXISTS \"tenant_2\";",
+            "CREATE TABLE IF NOT EXISTS \"tenant_1\".\"outbox\"",
+            "CREATE TABLE IF NOT EXISTS \"tenant_2\".\"outbox\"",
+            "CREATE TABLE IF NOT EXISTS \"public\".\"outbox\"",
+            "FOR TABLE \"tenant_1\".\"outbox\", \"tenant_2\".\"outbox\", \"public\".\"outbox\" WITH",
+            "GRANT USAGE ON SCHEMA \"tenant_2\" TO \"outbox_relay\";",
+            "GRANT SELECT ON \"tenant_1\".\"outbox\", \"tenant_2\".\"outbox\", \"public\".\"outbox\" TO \"outbox_relay\";",
+            "GRANT USAGE ON SCHEMA \"tenant_1\" TO \"app_writer\";",
+            "GRANT INSERT ON \"tenant_1\".\"outbox\", \"tenant_2\".\"outbox\", \"public\".\"outbox\" TO \"app_writer\";",
+        ] {
+            assert!(sql.contains(needle), "{needle} in\n{sql}");
+        }
+        assert!(
+            !sql.contains("CREATE SCHEMA IF NOT EXISTS \"public\""),
+            "{sql}"
+        );
+        // The state table sits in public, one of the outboxes' schemas: no second USAGE.
+        assert_eq!(
+            sql.matches("GRANT USAGE ON SCHEMA \"public\" TO \"outbox_relay\"")
+                .count(),
+            1,
+            "{sql}"
+        );
     }
 
     #[test]

@@ -113,6 +113,21 @@ pub async fn slot_status(settings: &Settings) -> Result<SlotStatus, RelayError> 
     let record = state::read(&mut conn, &spec.state_table, &spec.slot)
         .await
         .unwrap_or_default();
+    let mut tables = Vec::with_capacity(spec.tables.len());
+    for table in &spec.tables {
+        let published = conn
+            .simple_query(&format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables \
+                   WHERE pubname = {} AND schemaname = {} AND tablename = {}) AS published",
+                quote_literal(&spec.publication),
+                quote_literal(&table.schema),
+                quote_literal(&table.name)
+            ))
+            .await
+            .ok()
+            .map(|found| found.get(0, "published") == Some("t"));
+        tables.push((table.to_string(), published));
+    }
     conn.close(Duration::from_secs(1)).await;
     let get = |column: &str| found.get(0, column).map(str::to_owned);
     let number = |column: &str| found.get(0, column).and_then(|v| v.parse::<i64>().ok());
@@ -140,6 +155,7 @@ pub async fn slot_status(settings: &Settings) -> Result<SlotStatus, RelayError> 
             .and_then(|r| r.acknowledged_lsn)
             .map(|l| l.to_string()),
         recorded_streamed: record.as_ref().is_some_and(state::SlotRecord::streamed),
+        tables,
     })
 }
 

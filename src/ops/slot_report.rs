@@ -73,6 +73,9 @@ pub struct SlotStatus {
     pub recorded_acknowledged_at: Option<String>,
     pub recorded_acknowledged_lsn: Option<String>,
     pub recorded_streamed: bool,
+    /// Each configured outbox table and whether the publication publishes it now
+    /// (`None`: it could not be read).
+    pub tables: Vec<(String, Option<bool>)>,
 }
 
 impl SlotStatus {
@@ -104,6 +107,10 @@ impl SlotStatus {
             "safe_wal_size": self.safe_wal_size,
             "max_slot_wal_keep_size": self.max_slot_wal_keep_size,
             "flush_lag_seconds": self.flush_lag_seconds,
+            "tables": self.tables.iter().map(|(table, published)| serde_json::json!({
+                "table": table,
+                "published": published,
+            })).collect::<Vec<_>>(),
             "record": {
                 "streamed": self.recorded_streamed,
                 "acknowledged_lsn": self.recorded_acknowledged_lsn,
@@ -179,6 +186,15 @@ impl SlotStatus {
                 show(&self.recorded_acknowledged_at)
             ),
         ];
+        for (index, (table, published)) in self.tables.iter().enumerate() {
+            let label = if index == 0 { "outbox tables" } else { "" };
+            let state = match published {
+                Some(true) => "published",
+                Some(false) => "NOT published: rows written to it are not streamed (ALTER PUBLICATION ... ADD TABLE, then `backfill --table`)",
+                None => "publication not readable",
+            };
+            lines.push(format!("{label:<21} {table} ({state})"));
+        }
         lines.push(String::new());
         lines.join("\n")
     }
@@ -231,7 +247,25 @@ mod tests {
             recorded_acknowledged_at: None,
             recorded_acknowledged_lsn: None,
             recorded_streamed: streamed,
+            tables: vec![
+                ("public.outbox".into(), Some(true)),
+                ("t2.outbox".into(), Some(false)),
+            ],
         }
+    }
+
+    #[test]
+    fn the_status_says_which_outbox_tables_are_published() {
+        let status = status(true, Some("reserved"), None, true);
+        let text = status.describe();
+        assert!(
+            text.contains("outbox tables         public.outbox (published)"),
+            "{text}"
+        );
+        assert!(text.contains("t2.outbox (NOT published"), "{text}");
+        let json = status.to_json();
+        assert_eq!(json["tables"][1]["table"], "t2.outbox");
+        assert_eq!(json["tables"][1]["published"], false);
     }
 
     #[test]

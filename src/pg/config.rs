@@ -86,7 +86,7 @@ impl PostgresConfig {
     /// Every problem comes back, each with its key path; none shows a password.
     pub fn check(
         &self,
-        table: Option<&QualifiedName>,
+        tables: Option<&[QualifiedName]>,
         env_password: Option<String>,
     ) -> Result<(ConnectParams, QualifiedName), Vec<String>> {
         let mut problems = Vec::new();
@@ -167,7 +167,8 @@ impl PostgresConfig {
                 ));
             }
         }
-        let state_table = match (&self.state_table, table) {
+        // By default beside the (first) outbox table.
+        let state_table = match (&self.state_table, tables.and_then(<[_]>::first)) {
             (Some(name), _) => QualifiedName::parse(name)
                 .map_err(|e| problems.push(format!("postgres.state_table: {e}")))
                 .ok(),
@@ -177,9 +178,11 @@ impl PostgresConfig {
             }),
             (None, None) => None,
         };
-        if let (Some(state_table), Some(table)) = (&state_table, table) {
-            if state_table == table {
-                problems.push("postgres.state_table: must not be the outbox table".into());
+        if let (Some(state_table), Some(tables)) = (&state_table, tables) {
+            if tables.contains(state_table) {
+                problems.push(format!(
+                    "postgres.state_table: {state_table} is an outbox table; the relay's state table must be a table of its own"
+                ));
             }
         }
         match (connect, state_table) {
@@ -225,7 +228,9 @@ mod tests {
         )
         .unwrap();
         let table = QualifiedName::parse("public.outbox").unwrap();
-        let problems = config.check(Some(&table), None).unwrap_err();
+        let problems = config
+            .check(Some(std::slice::from_ref(&table)), None)
+            .unwrap_err();
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(
             problems[0]
@@ -240,7 +245,9 @@ mod tests {
         let checked = |extra: &str| {
             let config: PostgresConfig =
                 toml::from_str(&format!("url = \"postgres://u@h/app\"\n{extra}")).unwrap();
-            config.check(Some(&table), None).map(drop)
+            config
+                .check(Some(std::slice::from_ref(&table)), None)
+                .map(drop)
         };
         assert!(checked("").is_ok());
         assert!(checked("takeover_silence_ms = 0").is_ok());

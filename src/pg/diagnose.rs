@@ -145,7 +145,7 @@ pub fn classify(
     };
     let publication_missing = |exists_now| SetupError::PublicationMissing {
         publication: spec.publication.clone(),
-        table: spec.table.clone(),
+        tables: spec.tables.clone(),
         slot: spec.slot.clone(),
         exists_now,
         server_said: db.message.clone(),
@@ -227,10 +227,9 @@ mod tests {
         SourceSpec {
             slot: "outbox_relay".into(),
             publication: "outbox_relay".into(),
-            table: QualifiedName::parse("public.outbox").unwrap(),
+            tables: vec![QualifiedName::parse("public.outbox").unwrap()],
             state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
             failover: true,
-            outbox: true,
             messages: false,
         }
     }

@@ -33,15 +33,39 @@ pub struct PublicationIdentity {
     pub published: bool,
 }
 
-/// The query that reads a [`PublicationIdentity`]. Runs on any PostgreSQL from 10 on:
-/// columns that only newer versions have are read through `to_jsonb` of the catalog row.
-pub fn identity_query(publication: &str, table: &QualifiedName) -> String {
-    let table_literal = quote_literal(&table.quoted());
+/// The query that reads a [`PublicationIdentity`] of each table, one row each in the
+/// tables' order (`ord`), in one round trip; with no table (a messages-only relay) one
+/// row that reads the publication alone. Runs on any PostgreSQL from 10 on: columns
+/// that only newer versions have are read through `to_jsonb` of the catalog row.
+pub fn identities_query(publication: &str, tables: &[QualifiedName]) -> String {
+    if tables.is_empty() {
+        return identity_query(publication, None, 0);
+    }
+    let parts: Vec<String> = tables
+        .iter()
+        .enumerate()
+        .map(|(ord, table)| format!("({})", identity_query(publication, Some(table), ord)))
+        .collect();
+    format!("{} ORDER BY ord", parts.join(" UNION ALL "))
+}
+
+fn identity_query(publication: &str, table: Option<&QualifiedName>, ord: usize) -> String {
+    let (table_literal, schema_literal, name_literal) = match table {
+        Some(table) => (
+            quote_literal(&table.quoted()),
+            quote_literal(&table.schema),
+            quote_literal(&table.name),
+        ),
+        None => (
+            "NULL::text".to_owned(),
+            "NULL".to_owned(),
+            "NULL".to_owned(),
+        ),
+    };
     let publication_literal = quote_literal(publication);
-    let schema_literal = quote_literal(&table.schema);
-    let name_literal = quote_literal(&table.name);
     format!(
-        "SELECT pg_catalog.to_regclass({table_literal})::oid AS table_oid, \
+        "SELECT {ord} AS ord, \
+                pg_catalog.to_regclass({table_literal})::oid AS table_oid, \
                 p.oid AS publication_oid, \
                 p.pubinsert AS publishes_insert, \
                 coalesce((pg_catalog.to_jsonb(p) ->> 'pubviaroot')::boolean, false) AS via_root, \
@@ -59,31 +83,37 @@ pub fn identity_query(publication: &str, table: &QualifiedName) -> String {
 }
 
 impl PublicationIdentity {
-    /// Parses the single row of [`identity_query`].
-    pub fn from_result(result: &QueryResult) -> Result<Self, String> {
-        if result.rows.len() != 1 {
+    /// Parses the rows of [`identities_query`]: one per table (`expected`), in order.
+    pub fn from_result(result: &QueryResult, expected: usize) -> Result<Vec<Self>, String> {
+        if result.rows.len() != expected {
             return Err(format!(
-                "the publication check returned {} rows, expected 1",
+                "the publication check returned {} rows, expected {expected}",
                 result.rows.len()
             ));
         }
+        (0..expected)
+            .map(|row| Self::from_row(result, row))
+            .collect()
+    }
+
+    fn from_row(result: &QueryResult, row: usize) -> Result<Self, String> {
         let oid = |column: &str| -> Result<Option<u32>, String> {
             result
-                .get(0, column)
+                .get(row, column)
                 .map(|text| {
                     text.parse()
                         .map_err(|_| format!("{column} is not an id: {text:?}"))
                 })
                 .transpose()
         };
-        let flag = |column: &str| result.get(0, column) == Some("t");
+        let flag = |column: &str| result.get(row, column) == Some("t");
         Ok(PublicationIdentity {
             table_oid: oid("table_oid")?,
             publication_oid: oid("publication_oid")?,
             publishes_insert: flag("publishes_insert"),
             via_root: flag("via_root"),
             all_tables: flag("all_tables"),
-            membership: result.get(0, "membership").unwrap_or_default().to_owned(),
+            membership: result.get(row, "membership").unwrap_or_default().to_owned(),
             published: flag("published"),
         })
     }
@@ -139,14 +169,31 @@ impl PublicationChange {
         None
     }
 
-    /// The repair, as SQL where one statement does it.
-    pub fn repair(&self, publication: &str, table: &QualifiedName) -> String {
+    /// The repair, as SQL where one statement does it. `tables`: every outbox table of
+    /// the relay (the publication must publish them all), `table`: the one that changed.
+    pub fn repair(
+        &self,
+        publication: &str,
+        tables: &[QualifiedName],
+        table: Option<&QualifiedName>,
+    ) -> String {
         let publication = quote_ident(publication);
-        let table = table.quoted();
+        let table = table.map_or_else(|| "the outbox table".to_owned(), QualifiedName::quoted);
         match self {
-            PublicationChange::PublicationDropped | PublicationChange::PublicationReplaced => format!(
-                "make sure publication {publication} publishes inserts of {table} (CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = 'insert'))"
-            ),
+            PublicationChange::PublicationDropped | PublicationChange::PublicationReplaced
+                if tables.is_empty() =>
+            {
+                format!(
+                    "make sure publication {publication} exists (CREATE PUBLICATION {publication} WITH (publish = 'insert'))"
+                )
+            }
+            PublicationChange::PublicationDropped | PublicationChange::PublicationReplaced => {
+                let all: Vec<String> = tables.iter().map(QualifiedName::quoted).collect();
+                let all = all.join(", ");
+                format!(
+                    "make sure publication {publication} publishes inserts of {all} (CREATE PUBLICATION {publication} FOR TABLE {all} WITH (publish = 'insert'))"
+                )
+            }
             PublicationChange::InsertsNoLongerPublished => {
                 format!("ALTER PUBLICATION {publication} SET (publish = 'insert')")
             }
@@ -267,9 +314,31 @@ mod tests {
                 "{now:?}"
             );
             let table = QualifiedName::parse("public.outbox").unwrap();
-            assert!(!expected.repair("outbox_relay", &table).is_empty());
+            let repair =
+                expected.repair("outbox_relay", std::slice::from_ref(&table), Some(&table));
+            assert!(!repair.is_empty());
             assert!(!expected.to_string().is_empty());
         }
+    }
+
+    #[test]
+    fn the_repair_names_the_table_that_changed_and_recreates_the_publication_for_all() {
+        let tables = vec![
+            QualifiedName::parse("t1.outbox").unwrap(),
+            QualifiedName::parse("t2.outbox").unwrap(),
+        ];
+        let left = PublicationChange::TableLeftPublication.repair("p", &tables, Some(&tables[1]));
+        assert_eq!(left, "ALTER PUBLICATION \"p\" ADD TABLE \"t2\".\"outbox\"");
+        let dropped = PublicationChange::PublicationDropped.repair("p", &tables, None);
+        assert!(
+            dropped.contains("FOR TABLE \"t1\".\"outbox\", \"t2\".\"outbox\" WITH"),
+            "{dropped}"
+        );
+        let alone = PublicationChange::PublicationDropped.repair("p", &[], None);
+        assert!(
+            alone.contains("CREATE PUBLICATION \"p\" WITH (publish = 'insert')"),
+            "{alone}"
+        );
     }
 
     #[test]
@@ -311,25 +380,31 @@ mod tests {
             ]],
         };
         assert_eq!(
-            PublicationIdentity::from_result(&result).unwrap(),
-            baseline()
+            PublicationIdentity::from_result(&result, 1).unwrap(),
+            vec![baseline()]
         );
+        assert!(PublicationIdentity::from_result(&result, 2).is_err());
         let mut bad = result.clone();
         bad.rows[0][0] = Some("x".into());
-        assert!(PublicationIdentity::from_result(&bad).is_err());
+        assert!(PublicationIdentity::from_result(&bad, 1).is_err());
         let mut empty = result;
         empty.rows.clear();
-        assert!(PublicationIdentity::from_result(&empty).is_err());
+        assert!(PublicationIdentity::from_result(&empty, 1).is_err());
     }
 
     #[test]
     fn the_query_quotes_names() {
         let table = QualifiedName::parse("public.outbox").unwrap();
-        let sql = identity_query("pub'x", &table);
+        let other = QualifiedName::parse("t1.outbox").unwrap();
+        let sql = identities_query("pub'x", &[table, other]);
         assert!(sql.contains("'pub''x'"), "{sql}");
         assert!(
             sql.contains("to_regclass('\"public\".\"outbox\"')"),
             "{sql}"
         );
+        assert!(sql.contains("SELECT 1 AS ord"), "{sql}");
+        assert!(sql.ends_with("ORDER BY ord"), "{sql}");
+        let alone = identities_query("p", &[]);
+        assert!(alone.contains("to_regclass(NULL::text)"), "{alone}");
     }
 }

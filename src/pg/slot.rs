@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use crate::pg::conn::{PgConnection, PgError, QueryResult};
 pub use crate::pg::diagnose::SetupError;
-pub use crate::pg::source::SourceSpec;
+pub use crate::pg::source::{OutboxRelation, SourceSpec};
 use crate::pg::sql::{quote_ident, quote_literal};
 use crate::pg::state;
 use crate::Lsn;
 pub use publication::create_publication_sql;
-use publication::{ensure_publication, outbox_relation};
+use publication::{ensure_publication, outbox_relations};
 
 /// PostgreSQL 14 (`server_version_num`) brought pgoutput's `messages` option.
 pub const MESSAGES_SINCE: u32 = 140_000;
@@ -35,10 +35,9 @@ pub struct PreparedSource {
     pub publication_created: bool,
     pub wal_sender_timeout: Option<Duration>,
     pub server_version: String,
-    /// The outbox table's relation id (`pg_class` OID): the stream names it by this.
-    pub outbox_oid: u32,
-    /// The outbox is a partitioned table (published through its root).
-    pub outbox_partitioned: bool,
+    /// The outbox tables as found (relation ids: the stream names them by these), in
+    /// the spec's order; none for a messages-only relay.
+    pub outboxes: Vec<OutboxRelation>,
     /// The slot is a failover slot (PostgreSQL 17+).
     pub failover_slot: bool,
     /// The relay's record of the slot in its state table, as read before streaming
@@ -102,12 +101,8 @@ pub async fn prepare(
         )));
     }
 
-    let (outbox_oid, outbox_partitioned) = if spec.outbox {
-        outbox_relation(conn, spec, &server_version, version_num).await?
-    } else {
-        // Table-less: no relation is the outbox (0 is no relation's id).
-        (0, false)
-    };
+    let outboxes = outbox_relations(conn, spec, &server_version, version_num).await?;
+    let partitioned = outboxes.iter().any(|o| o.partitioned);
 
     // Another process streams from the slot: stop here, before anything is written (a
     // standby retrying every 100-200 ms must not touch the database).
@@ -117,7 +112,7 @@ pub async fn prepare(
             pid,
         });
     }
-    let publication_created = ensure_publication(conn, spec, outbox_partitioned).await?;
+    let publication_created = ensure_publication(conn, spec, partitioned).await?;
     state::ensure_table(conn, &spec.state_table)
         .await
         .map_err(SetupError::Definite)?;
@@ -154,8 +149,7 @@ pub async fn prepare(
         publication_created,
         wal_sender_timeout,
         server_version,
-        outbox_oid,
-        outbox_partitioned,
+        outboxes,
         failover_slot,
         record: recorded,
     })
@@ -172,13 +166,10 @@ pub async fn ensure_publication_for_slot(
 ) -> Result<bool, SetupError> {
     let server_version = server_version_text(conn);
     let version_num = server_version_num(conn).await?;
-    let partitioned = if spec.outbox {
-        outbox_relation(conn, spec, &server_version, version_num)
-            .await?
-            .1
-    } else {
-        false
-    };
+    let partitioned = outbox_relations(conn, spec, &server_version, version_num)
+        .await?
+        .iter()
+        .any(|o| o.partitioned);
     ensure_publication(conn, spec, partitioned).await
 }
 
@@ -392,10 +383,9 @@ mod tests {
         let spec = SourceSpec {
             slot: "s\"lot".into(),
             publication: "pub'x".into(),
-            table: QualifiedName::parse("public.outbox").unwrap(),
+            tables: vec![QualifiedName::parse("public.outbox").unwrap()],
             state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
             failover: true,
-            outbox: true,
             messages: false,
         };
         assert_eq!(

@@ -77,6 +77,7 @@ impl DeadLetter {
             tombstone: false,
             lsn: self.source_lsn,
             timestamp_ms: self.timestamp_ms,
+            outbox: 0,
         }
     }
 

@@ -117,8 +117,11 @@ pub(super) struct Pipeline<S = PgConnection> {
     /// `[relay] max_in_flight` and `max_in_flight_bytes`.
     limits: InFlightLimits,
     dead_letter_topic: Option<String>,
-    /// The outbox table, for dead-letter headers.
-    source_table: String,
+    /// The outbox tables (for the repair advice when the watch sees a change).
+    tables: Vec<QualifiedName>,
+    /// Their names by [`OutboxEvent::outbox`](crate::event::OutboxEvent::outbox), for
+    /// dead-letter headers.
+    source_tables: Vec<String>,
     /// The publication streamed from, to recognise notices about it (and for the
     /// repair advice when the watch sees a change).
     publication: String,
@@ -148,8 +151,6 @@ pub(super) struct Pipeline<S = PgConnection> {
     status_due: Option<tokio::time::Instant>,
     /// Vouches for the positions acknowledged (the outbox is still published).
     watch: OutboxWatch,
-    /// For the repair advice when the watch sees a change.
-    table: QualifiedName,
     /// Exactly-once: the last checkpoint Kafka committed before this session; the
     /// transactions it covers are skipped ([`skip_for`]).
     committed: Option<Checkpoint>,
@@ -177,8 +178,8 @@ pub(super) struct Start {
     pub(super) liveness: LivenessLimits,
     pub(super) dead_letter_topic: Option<String>,
     pub(super) publication: String,
-    /// The outbox table (dead-letter headers, repair advice).
-    pub(super) table: QualifiedName,
+    /// The outbox tables, in the configuration's order (dead-letter headers).
+    pub(super) tables: Vec<QualifiedName>,
     /// The transactions to skip: a checkpoint Kafka committed (exactly-once), or the
     /// state table's record shaped as one.
     pub(super) committed: Option<Checkpoint>,
@@ -205,7 +206,7 @@ impl<S: ReplicationStream> Pipeline<S> {
             liveness,
             dead_letter_topic,
             publication,
-            table,
+            tables,
             committed,
             resume,
         } = start;
@@ -225,7 +226,8 @@ impl<S: ReplicationStream> Pipeline<S> {
             assembler,
             limits,
             dead_letter_topic,
-            source_table: table.to_string(),
+            source_tables: tables.iter().map(ToString::to_string).collect(),
+            tables,
             publication,
             waiting: VecDeque::new(),
             progress,
@@ -240,7 +242,6 @@ impl<S: ReplicationStream> Pipeline<S> {
             txn_had_events: false,
             status_due: None,
             watch,
-            table,
             committed,
             skip_left: 0,
             // What earlier attempts left waiting still waits: the ages go on from there.

@@ -379,6 +379,7 @@ impl Router {
             tombstone,
             lsn: context.lsn,
             timestamp_ms,
+            outbox: 0,
         })
     }
 

@@ -24,7 +24,7 @@ use crate::relay::pipeline::{
 use crate::relay::record::Delivered;
 use crate::relay::settings::Settings;
 use crate::relay::takeover::{self, heartbeat, SilenceWatch};
-use crate::relay::txn::TxnAssembler;
+use crate::relay::txn::{AssemblerOutbox, TxnAssembler};
 use crate::relay::watch::{OutboxWatch, WatchTarget};
 use crate::relay::{Definite, RelayError, Transient};
 use crate::sink::{Session, SinkOptions};
@@ -43,6 +43,7 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let metrics = Metrics::new();
+    metrics.name_outboxes(settings.tables().iter().map(ToString::to_string));
     let _metrics_server = match &settings.metrics {
         Some(config) => {
             let listener = tokio::net::TcpListener::bind(&config.listen)
@@ -349,7 +350,7 @@ async fn start_streaming(
             keep_events: settings.dead_letter_topic.is_some(),
             metrics: Arc::clone(metrics),
             slot: Some(spec.slot.to_string()),
-            partition_column: settings.router.partition_column().map(str::to_owned),
+            partition_column: settings.partition_column(),
         },
     )?;
     if let Some(topic) = &settings.dead_letter_topic {
@@ -369,9 +370,9 @@ async fn start_streaming(
         slot_created = prepared.slot_created,
         publication = %spec.publication,
         publication_created = prepared.publication_created,
-        table = %if spec.outbox { spec.table.to_string() } else { "(none: messages only)".to_owned() },
+        tables = %if spec.outbox() { spec.tables_shown() } else { "(none: messages only)".to_owned() },
         messages = spec.messages,
-        table_partitioned = prepared.outbox_partitioned,
+        partitioned = %partitioned_tables(prepared),
         failover_slot = prepared.failover_slot,
         start_lsn = %prepared.slot_lsn,
         "{}",
@@ -413,10 +414,7 @@ async fn start_streaming(
     let watch = OutboxWatch::start(
         WatchTarget {
             publication: spec.publication.clone(),
-            table: spec.table.clone(),
-            outbox_oid: prepared.outbox_oid,
-            partitioned: prepared.outbox_partitioned,
-            outbox: settings.outbox_enabled,
+            outboxes: prepared.outboxes.clone(),
             state_table: spec.state_table.clone(),
             slot: spec.slot.clone(),
         },
@@ -425,13 +423,8 @@ async fn start_streaming(
     let start = Start {
         slot_lsn: prepared.slot_lsn,
         recorded: resume::already_recorded(prepared),
-        assembler: TxnAssembler::new(
-            settings.router.clone(),
-            settings.table.clone(),
-            prepared.outbox_oid,
-            0,
-        )
-        .with_messages(settings.messages.clone(), settings.outbox_enabled),
+        assembler: TxnAssembler::new(assembler_outboxes(settings, prepared), 0)
+            .with_messages(settings.messages.clone()),
         limits: settings.relay.limits(),
         liveness: LivenessLimits {
             status_interval: interval,
@@ -444,12 +437,42 @@ async fn start_streaming(
         },
         dead_letter_topic: settings.dead_letter_topic.clone(),
         publication: spec.publication.clone(),
-        table: spec.table.clone(),
+        tables: spec.tables.clone(),
         committed,
         resume,
     };
     let pipeline = Pipeline::new(conn, (sink, notices), watch, start, Arc::clone(metrics));
     Ok(Some((pipeline, interval)))
+}
+
+/// The partitioned outbox tables, for the log (`-` when none is).
+fn partitioned_tables(prepared: &PreparedSource) -> String {
+    let partitioned: Vec<String> = prepared
+        .outboxes
+        .iter()
+        .filter(|o| o.partitioned)
+        .map(|o| o.table.to_string())
+        .collect();
+    if partitioned.is_empty() {
+        "-".to_owned()
+    } else {
+        partitioned.join(", ")
+    }
+}
+
+/// Every outbox with its router and the relation id the source found, for the
+/// assembler (the prepared source lists the settings' tables, in their order).
+fn assembler_outboxes(settings: &Settings, prepared: &PreparedSource) -> Vec<AssemblerOutbox> {
+    settings
+        .outboxes
+        .iter()
+        .zip(&prepared.outboxes)
+        .map(|(outbox, found)| AssemblerOutbox {
+            table: outbox.table.clone(),
+            oid: found.oid,
+            router: outbox.router.clone(),
+        })
+        .collect()
 }
 
 /// Awaits `work` (the sink's session start: an exactly-once producer's fencing and

@@ -14,7 +14,7 @@ use crate::pg::sql::QualifiedName;
 use crate::pg::url::ConnectParams;
 use crate::relay::ack::InFlightLimits;
 use crate::relay::messages::MessageRouter;
-use crate::relay::router::Router;
+use crate::relay::router::config::OutboxSettings;
 use crate::sink::SinkSpec;
 
 /// Events handed to the sink but not yet confirmed, before reading pauses. Bounds memory
@@ -122,18 +122,16 @@ impl DeadLetterConfig {
 pub struct Settings {
     pub postgres: PostgresConfig,
     pub connect: ConnectParams,
-    /// The outbox table.
-    pub table: QualifiedName,
+    /// The outbox tables, each with its router, in the configuration's order; empty for
+    /// a messages-only relay (`[outbox] enabled = false`).
+    pub outboxes: Vec<OutboxSettings>,
     /// Where the relay records its slot ([`crate::pg::state`]).
     pub state_table: QualifiedName,
-    pub router: Router,
     pub sink: SinkSpec,
     /// The dead-letter topic, when one is configured.
     pub dead_letter_topic: Option<String>,
     pub relay: RelayConfig,
     pub metrics: Option<MetricsConfig>,
-    /// The outbox table is relayed (`[outbox] enabled`); `false`: only messages.
-    pub outbox_enabled: bool,
     /// The table-less outbox's rules (`[messages]`), when enabled.
     pub messages: Option<MessageRouter>,
 }
@@ -143,15 +141,41 @@ impl Settings {
         Duration::from_millis(self.relay.shutdown_timeout_ms)
     }
 
+    /// Outbox tables are relayed (`false`: only messages, `[outbox] enabled = false`).
+    pub fn outbox_enabled(&self) -> bool {
+        !self.outboxes.is_empty()
+    }
+
+    /// The outbox tables' names, in the configuration's order.
+    pub fn tables(&self) -> Vec<QualifiedName> {
+        self.outboxes.iter().map(|o| o.table.clone()).collect()
+    }
+
+    /// The outbox `table`'s settings, when it is one of this relay's.
+    pub fn outbox(&self, table: &QualifiedName) -> Option<&OutboxSettings> {
+        self.outboxes.iter().find(|o| &o.table == table)
+    }
+
+    /// The column of the outboxes' `partition` placement, for the sink's messages: the
+    /// one column when every outbox with such a placement uses the same (else `None`,
+    /// and the message speaks of the record's placement).
+    pub fn partition_column(&self) -> Option<String> {
+        let mut columns = self
+            .outboxes
+            .iter()
+            .filter_map(|o| o.router.partition_column());
+        let first = columns.next()?;
+        columns.all(|c| c == first).then(|| first.to_owned())
+    }
+
     /// What the PostgreSQL side streams from.
     pub fn source(&self) -> SourceSpec {
         SourceSpec {
             slot: self.postgres.slot.clone(),
             publication: self.postgres.publication.clone(),
-            table: self.table.clone(),
+            tables: self.tables(),
             state_table: self.state_table.clone(),
             failover: self.postgres.failover_slot,
-            outbox: self.outbox_enabled,
             messages: self.messages.is_some(),
         }
     }

@@ -108,13 +108,13 @@ pub enum AssemblyError {
     UnknownRelation { relation_id: u32 },
     #[error("unexpected {message} message: the relay asks for protocol version 1 without streaming or two-phase")]
     Unexpected { message: &'static str },
-    #[error("the outbox table {from} was renamed to {to} (relation id {relation_id}): inserts into it would no longer be recognised as events. Set [outbox] table = \"{to}\" (or rename the table back) and restart; nothing after this point was acknowledged")]
+    #[error("the outbox table {from} was renamed to {to} (relation id {relation_id}): inserts into it would no longer be recognised as events. Set its [outbox] table = \"{to}\" (or rename the table back) and restart; nothing after this point was acknowledged")]
     OutboxRenamed {
         relation_id: u32,
         from: String,
         to: String,
     },
-    #[error("the publication sends inserts of {table} (relation id {relation_id}), which is not the outbox table {outbox}: the relay cannot tell whether they hide outbox rows (a partition of the outbox published under its own name, or a table added to the relay's publication), so it stops without acknowledging them. For a partitioned outbox run ALTER PUBLICATION <publication> SET (publish_via_partition_root = true); otherwise remove the table from the relay's publication (ALTER PUBLICATION <publication> DROP TABLE {table}) and restart. PostgreSQL decodes rows with the publication as it was when they were written, so rows already written this way stop the relay again: re-send them from the outbox table, then move the slot past them with pg_replication_slot_advance")]
+    #[error("the publication sends inserts of {table} (relation id {relation_id}), which is not an outbox table of this relay ({outbox}): the relay cannot tell whether they hide outbox rows (a partition of the outbox published under its own name, or a table added to the relay's publication), so it stops without acknowledging them. For a partitioned outbox run ALTER PUBLICATION <publication> SET (publish_via_partition_root = true); otherwise remove the table from the relay's publication (ALTER PUBLICATION <publication> DROP TABLE {table}) and restart. PostgreSQL decodes rows with the publication as it was when they were written, so rows already written this way stop the relay again: re-send them from the outbox table, then move the slot past them with pg_replication_slot_advance")]
     ForeignRelation {
         table: String,
         relation_id: u32,
@@ -122,10 +122,20 @@ pub enum AssemblyError {
     },
 }
 
+/// One outbox table as the assembler knows it.
+#[derive(Debug, Clone)]
+pub struct AssemblerOutbox {
+    pub table: QualifiedName,
+    /// Its relation id when the relay started (`pg_class` OID).
+    pub oid: u32,
+    pub router: Router,
+}
+
 struct CachedRelation {
-    is_outbox: bool,
+    /// Which outbox the relation is (an index into the assembler's outboxes), and its
+    /// columns as that outbox's router resolved them; `None`: not an outbox.
+    outbox: Option<(usize, ResolvedColumns)>,
     display_name: String,
-    columns: ResolvedColumns,
     /// Column names in relation order, for the dead-letter copy of unroutable rows.
     column_names: Vec<String>,
 }
@@ -140,44 +150,43 @@ struct OpenTxn {
 
 /// Begin..Commit assembly with a relation cache.
 ///
-/// The outbox is known by its relation id (its `pg_class` OID, read when the relay
+/// Each outbox is known by its relation id (its `pg_class` OID, read when the relay
 /// started) and its name: a Relation message with the id under another name is a rename
-/// (an error), the name under another id is still the outbox (a table replaced, or the
+/// (an error), the name under another id is still that outbox (a table replaced, or the
 /// old one decoded by the name it had), and an insert into any other relation stops the
-/// relay (it could be outbox rows published under a partition's name).
+/// relay (it could be outbox rows published under a partition's name). A Relation
+/// message picks the outbox, and so the router, of the inserts that follow it.
 pub struct TxnAssembler {
-    router: Router,
-    table: QualifiedName,
-    outbox_oid: u32,
+    outboxes: Vec<AssemblerOutbox>,
     relations: HashMap<u32, CachedRelation>,
     open: Option<OpenTxn>,
     next_seq: TxnSeq,
     /// `[messages]`; `None`: messages are not asked for (any that come are passed over).
     messages: Option<MessageRouter>,
-    /// `[outbox] enabled = false`: no relation is the outbox.
-    table_less: bool,
 }
 
 impl TxnAssembler {
-    pub fn new(router: Router, table: QualifiedName, outbox_oid: u32, first_seq: TxnSeq) -> Self {
+    /// `outboxes`: the tables relayed (none: a table-less deployment, messages only).
+    pub fn new(outboxes: Vec<AssemblerOutbox>, first_seq: TxnSeq) -> Self {
         TxnAssembler {
-            router,
-            table,
-            outbox_oid,
+            outboxes,
             relations: HashMap::new(),
             open: None,
             next_seq: first_seq,
             messages: None,
-            table_less: false,
         }
     }
 
-    /// Relay logical decoding messages by these rules; with `outbox_enabled` false no
-    /// relation is the outbox (a table-less deployment).
-    pub fn with_messages(mut self, messages: Option<MessageRouter>, outbox_enabled: bool) -> Self {
+    /// Relay logical decoding messages by these rules.
+    pub fn with_messages(mut self, messages: Option<MessageRouter>) -> Self {
         self.messages = messages;
-        self.table_less = !outbox_enabled;
         self
+    }
+
+    /// The outbox tables, as messages name them.
+    fn tables_shown(&self) -> String {
+        let names: Vec<String> = self.outboxes.iter().map(|o| o.table.to_string()).collect();
+        names.join(", ")
     }
 
     /// The sequence number the next transaction will get.
@@ -241,13 +250,13 @@ impl TxnAssembler {
                     .relations
                     .get(&relation_id)
                     .ok_or(AssemblyError::UnknownRelation { relation_id })?;
-                if !relation.is_outbox {
+                let Some((index, columns)) = &relation.outbox else {
                     return Err(AssemblyError::ForeignRelation {
                         table: relation.display_name.clone(),
                         relation_id,
-                        outbox: self.table.to_string(),
+                        outbox: self.tables_shown(),
                     });
-                }
+                };
                 // Insert messages carry their record's position; fall back to the commit's.
                 let lsn = if wal_start.is_zero() {
                     open.final_lsn
@@ -258,9 +267,14 @@ impl TxnAssembler {
                     lsn,
                     commit_ts_ms: open.commit_ts_ms,
                 };
-                let event = self
+                let outbox = u32::try_from(*index).unwrap_or(u32::MAX);
+                let event = self.outboxes[*index]
                     .router
-                    .route(&relation.columns, &new_tuple, context)
+                    .route(columns, &new_tuple, context)
+                    .map(|mut event| {
+                        event.outbox = outbox;
+                        event
+                    })
                     .map_err(|error| RoutedRowError {
                         table: relation.display_name.clone(),
                         lsn,
@@ -366,27 +380,31 @@ impl TxnAssembler {
     }
 
     fn cache_relation(&mut self, body: RelationBody) -> Result<(), AssemblyError> {
-        let named_outbox =
-            !self.table_less && body.namespace == self.table.schema && body.name == self.table.name;
-        if !self.table_less && body.relation_id == self.outbox_oid && !named_outbox {
-            return Err(AssemblyError::OutboxRenamed {
-                relation_id: body.relation_id,
-                from: self.table.to_string(),
-                to: format!("{}.{}", body.namespace, body.name),
-            });
+        let named = |outbox: &AssemblerOutbox| {
+            body.namespace == outbox.table.schema && body.name == outbox.table.name
+        };
+        let by_id = self.outboxes.iter().position(|o| o.oid == body.relation_id);
+        if let Some(index) = by_id {
+            let outbox = &self.outboxes[index];
+            if !named(outbox) {
+                return Err(AssemblyError::OutboxRenamed {
+                    relation_id: body.relation_id,
+                    from: outbox.table.to_string(),
+                    to: format!("{}.{}", body.namespace, body.name),
+                });
+            }
         }
-        // The outbox's name under another relation id: rows of a table the application
-        // wrote to as the outbox, published at the time (a stream replayed past a
+        // An outbox's name under another relation id: rows of a table the application
+        // wrote to as that outbox, published at the time (a stream replayed past a
         // drop-and-recreate decodes the old table by the name it had then). They are
         // events. Whether the publication still covers the outbox as it did is the
         // outbox watch's question (crate::relay::watch), which also bounds every
         // acknowledgement.
-        let is_outbox = !self.table_less && (body.relation_id == self.outbox_oid || named_outbox);
+        let index = by_id.or_else(|| self.outboxes.iter().position(named));
         let cached = CachedRelation {
-            is_outbox,
+            outbox: index.map(|i| (i, self.outboxes[i].router.resolve(&body))),
             display_name: format!("{}.{}", body.namespace, body.name),
-            columns: self.router.resolve(&body),
-            column_names: if is_outbox {
+            column_names: if index.is_some() {
                 body.columns.iter().map(|c| c.name.clone()).collect()
             } else {
                 Vec::new()

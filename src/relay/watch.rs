@@ -28,7 +28,8 @@
 use tokio::sync::{mpsc, oneshot};
 
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
-use crate::pg::publication::{identity_query, PublicationChange, PublicationIdentity};
+use crate::pg::publication::{identities_query, PublicationChange, PublicationIdentity};
+use crate::pg::source::OutboxRelation;
 use crate::pg::sql::QualifiedName;
 use crate::pg::state;
 use crate::pg::url::ConnectParams;
@@ -44,8 +45,12 @@ pub const MIN_CHECK_GAP: std::time::Duration = PROMPT_ACK_GAP;
 pub enum WatchReport {
     /// The publication covers the outbox as it did; positions up to this are safe.
     Vouched(Lsn),
-    /// It does not any more.
-    Changed(PublicationChange),
+    /// It does not any more: what changed, and for which outbox table (`None`: the
+    /// publication itself, of a messages-only relay).
+    Changed {
+        change: PublicationChange,
+        table: Option<QualifiedName>,
+    },
     /// The side connection failed (retryable like the replication connection).
     Failed(PgError),
     /// The first reading already does not match what the relay prepared.
@@ -56,12 +61,9 @@ pub enum WatchReport {
 #[derive(Debug, Clone)]
 pub struct WatchTarget {
     pub publication: String,
-    pub table: QualifiedName,
-    pub outbox_oid: u32,
-    pub partitioned: bool,
-    /// The outbox table is relayed; `false` (messages only): only the publication's
-    /// identity is watched (pgoutput stops without it).
-    pub outbox: bool,
+    /// Every outbox table as the relay prepared it; none (messages only): only the
+    /// publication's identity is watched (pgoutput stops without it).
+    pub outboxes: Vec<OutboxRelation>,
     pub state_table: QualifiedName,
     pub slot: String,
 }
@@ -85,10 +87,7 @@ impl OutboxWatch {
     pub fn start(target: WatchTarget, connect: ConnectParams) -> Self {
         let WatchTarget {
             publication,
-            table,
-            outbox_oid,
-            partitioned,
-            outbox,
+            outboxes,
             state_table,
             slot,
         } = target;
@@ -103,22 +102,22 @@ impl OutboxWatch {
                     return;
                 }
             };
-            let query = identity_query(&publication, &table);
-            let baseline = match read(&mut conn, &query).await {
-                Ok((lsn, identity)) => {
-                    if outbox && (identity.table_oid != Some(outbox_oid) || !identity.published) {
-                        let _ = report_tx
-                            .send(WatchReport::Invalid(format!(
-                                "the outbox {table} changed while the relay was starting (relation id {:?}, expected {outbox_oid}; published: {})",
-                                identity.table_oid, identity.published
-                            )))
-                            .await;
+            let tables: Vec<QualifiedName> = outboxes.iter().map(|o| o.table.clone()).collect();
+            let query = identities_query(&publication, &tables);
+            let reading = Reading {
+                query: &query,
+                outboxes: &outboxes,
+            };
+            let baseline = match reading.read(&mut conn).await {
+                Ok((lsn, identities)) => {
+                    if let Some(problem) = first_reading_problem(&outboxes, &identities) {
+                        let _ = report_tx.send(WatchReport::Invalid(problem)).await;
                         return;
                     }
                     if report_tx.send(WatchReport::Vouched(lsn)).await.is_err() {
                         return;
                     }
-                    identity
+                    identities
                 }
                 Err(report) => {
                     let _ = report_tx.send(report).await;
@@ -131,13 +130,11 @@ impl OutboxWatch {
                         if request.is_none() {
                             return;
                         }
-                        match read(&mut conn, &query).await {
-                            Ok((lsn, identity)) => {
-                                match change_between(&baseline, &identity, partitioned, outbox) {
+                        match reading.read(&mut conn).await {
+                            Ok((lsn, identities)) => {
+                                match reading.change(&baseline, &identities) {
                                     None => WatchReport::Vouched(lsn),
-                                    Some(change) => {
-                                        WatchReport::Changed(settled(&mut conn, &query, &baseline, (partitioned, outbox), change).await)
-                                    }
+                                    Some(first) => reading.settled(&mut conn, &baseline, first).await,
                                 }
                             }
                             Err(report) => report,
@@ -277,63 +274,170 @@ pub struct WatchScript {
     pub reports: mpsc::Sender<WatchReport>,
 }
 
-/// What changed since `baseline`; without an outbox table only the publication counts.
-fn change_between(
-    baseline: &PublicationIdentity,
-    now: &PublicationIdentity,
-    partitioned: bool,
-    outbox: bool,
-) -> Option<PublicationChange> {
-    if outbox {
-        return PublicationChange::between(baseline, now, partitioned);
-    }
-    if now.publication_oid.is_none() {
-        Some(PublicationChange::PublicationDropped)
-    } else if now.publication_oid != baseline.publication_oid {
-        Some(PublicationChange::PublicationReplaced)
-    } else {
-        None
-    }
+/// The first reading must find every outbox as the relay prepared it: the same relation
+/// id behind its name, and published.
+fn first_reading_problem(
+    outboxes: &[OutboxRelation],
+    identities: &[PublicationIdentity],
+) -> Option<String> {
+    outboxes.iter().zip(identities).find_map(|(outbox, identity)| {
+        (identity.table_oid != Some(outbox.oid) || !identity.published).then(|| {
+            format!(
+                "the outbox {} changed while the relay was starting (relation id {:?}, expected {}; published: {})",
+                outbox.table, identity.table_oid, outbox.oid, identity.published
+            )
+        })
+    })
 }
 
-/// The WAL position, then the identity (in that order: see the module doc).
-async fn read(
-    conn: &mut PgConnection,
-    query: &str,
-) -> Result<(Lsn, PublicationIdentity), WatchReport> {
-    let position = conn
-        .simple_query("SELECT pg_catalog.pg_current_wal_lsn()::text AS lsn")
-        .await
-        .map_err(WatchReport::Failed)?;
-    let lsn: Lsn = position
-        .get(0, "lsn")
-        .and_then(|text| text.parse().ok())
-        .ok_or_else(|| WatchReport::Invalid("pg_current_wal_lsn() returned no position".into()))?;
-    let identity = conn
-        .simple_query(query)
-        .await
-        .map_err(WatchReport::Failed)?;
-    let identity = PublicationIdentity::from_result(&identity).map_err(WatchReport::Invalid)?;
-    Ok((lsn, identity))
+/// The watch's query and what it compares, for one run of the task.
+struct Reading<'a> {
+    query: &'a str,
+    outboxes: &'a [OutboxRelation],
 }
 
-/// A change seen once, read again to name it right: one reading can straddle a DDL
-/// commit (the publication's row read from the statement's snapshot, its tables through
-/// the catalog caches, which already see the drop), so `DROP PUBLICATION` could read as
-/// "the table left the publication" and get the wrong repair. The second reading starts
-/// after the first ended and sees the settled catalog; a change is a change either way
-/// (nothing past it is acknowledged), only its name and repair come from the later one.
-async fn settled(
-    conn: &mut PgConnection,
-    query: &str,
-    baseline: &PublicationIdentity,
-    (partitioned, outbox): (bool, bool),
-    first: PublicationChange,
-) -> PublicationChange {
-    match read(conn, query).await {
-        Ok((_, identity)) => {
-            change_between(baseline, &identity, partitioned, outbox).unwrap_or(first)
+impl Reading<'_> {
+    /// What changed since `baseline`, for the first outbox (in the configuration's
+    /// order) that changed; without an outbox table only the publication counts.
+    fn change(
+        &self,
+        baseline: &[PublicationIdentity],
+        now: &[PublicationIdentity],
+    ) -> Option<(PublicationChange, Option<QualifiedName>)> {
+        if self.outboxes.is_empty() {
+            let (baseline, now) = (baseline.first()?, now.first()?);
+            return if now.publication_oid.is_none() {
+                Some((PublicationChange::PublicationDropped, None))
+            } else if now.publication_oid != baseline.publication_oid {
+                Some((PublicationChange::PublicationReplaced, None))
+            } else {
+                None
+            };
         }
-        Err(_) => first,
+        self.outboxes
+            .iter()
+            .zip(baseline.iter().zip(now))
+            .find_map(|(outbox, (baseline, now))| {
+                PublicationChange::between(baseline, now, outbox.partitioned)
+                    .map(|change| (change, Some(outbox.table.clone())))
+            })
+    }
+
+    /// The WAL position, then the identities (in that order: see the module doc).
+    async fn read(
+        &self,
+        conn: &mut PgConnection,
+    ) -> Result<(Lsn, Vec<PublicationIdentity>), WatchReport> {
+        let position = conn
+            .simple_query("SELECT pg_catalog.pg_current_wal_lsn()::text AS lsn")
+            .await
+            .map_err(WatchReport::Failed)?;
+        let lsn: Lsn = position
+            .get(0, "lsn")
+            .and_then(|text| text.parse().ok())
+            .ok_or_else(|| {
+                WatchReport::Invalid("pg_current_wal_lsn() returned no position".into())
+            })?;
+        let identities = conn
+            .simple_query(self.query)
+            .await
+            .map_err(WatchReport::Failed)?;
+        let identities = PublicationIdentity::from_result(&identities, self.outboxes.len().max(1))
+            .map_err(WatchReport::Invalid)?;
+        Ok((lsn, identities))
+    }
+
+    /// A change seen once, read again to name it right: one reading can straddle a DDL
+    /// commit (the publication's row read from the statement's snapshot, its tables
+    /// through the catalog caches, which already see the drop), so `DROP PUBLICATION`
+    /// could read as "the table left the publication" and get the wrong repair. The
+    /// second reading starts after the first ended and sees the settled catalog; a
+    /// change is a change either way (nothing past it is acknowledged), only its name
+    /// and repair come from the later one.
+    async fn settled(
+        &self,
+        conn: &mut PgConnection,
+        baseline: &[PublicationIdentity],
+        first: (PublicationChange, Option<QualifiedName>),
+    ) -> WatchReport {
+        let (change, table) = match self.read(conn).await {
+            Ok((_, identities)) => self.change(baseline, &identities).unwrap_or(first),
+            Err(_) => first,
+        };
+        WatchReport::Changed { change, table }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(table_oid: u32, membership: &str) -> PublicationIdentity {
+        PublicationIdentity {
+            table_oid: Some(table_oid),
+            publication_oid: Some(500),
+            publishes_insert: true,
+            via_root: false,
+            all_tables: false,
+            membership: membership.into(),
+            published: true,
+        }
+    }
+
+    fn outbox(name: &str, oid: u32) -> OutboxRelation {
+        OutboxRelation {
+            table: QualifiedName::parse(name).unwrap(),
+            oid,
+            partitioned: false,
+        }
+    }
+
+    #[test]
+    fn a_change_to_any_outbox_is_reported_with_that_table() {
+        let outboxes = [outbox("a.outbox", 10), outbox("b.outbox", 20)];
+        let reading = Reading {
+            query: "",
+            outboxes: &outboxes,
+        };
+        let baseline = vec![identity(10, "1"), identity(20, "2")];
+        assert_eq!(reading.change(&baseline, &baseline), None);
+        // b's table left the publication: b is named, not a.
+        let mut now = baseline.clone();
+        now[1].published = false;
+        now[1].membership.clear();
+        assert_eq!(
+            reading.change(&baseline, &now),
+            Some((
+                PublicationChange::TableLeftPublication,
+                Some(QualifiedName::parse("b.outbox").unwrap())
+            ))
+        );
+        // b's name now belongs to another table.
+        let mut now = baseline.clone();
+        now[1].table_oid = Some(21);
+        assert!(matches!(
+            reading.change(&baseline, &now),
+            Some((PublicationChange::TableReplaced { was: 20, now: 21 }, Some(ref t))) if t.to_string() == "b.outbox"
+        ));
+        assert_eq!(first_reading_problem(&outboxes, &baseline), None);
+        let problem = first_reading_problem(&outboxes, &now).unwrap();
+        assert!(problem.contains("b.outbox"), "{problem}");
+    }
+
+    #[test]
+    fn without_outbox_tables_only_the_publication_counts() {
+        let reading = Reading {
+            query: "",
+            outboxes: &[],
+        };
+        let baseline = vec![identity(0, "")];
+        let mut now = baseline.clone();
+        now[0].published = false;
+        assert_eq!(reading.change(&baseline, &now), None);
+        now[0].publication_oid = None;
+        assert_eq!(
+            reading.change(&baseline, &now),
+            Some((PublicationChange::PublicationDropped, None))
+        );
     }
 }

@@ -202,6 +202,7 @@ mod tests {
             partition: None,
             lsn: Lsn(0x1_0000_00AB),
             timestamp_ms: 0,
+            outbox: 0,
         }
     }
 

@@ -52,6 +52,23 @@ pub const KEYS: &[(&str, &[(&str, Kind)])] = &[
             ("tombstone_on_empty_payload", Kind::Bool),
         ],
     ),
+    // What the [[outbox]] entries share (crate::config::outboxes): [outbox]'s keys but
+    // table and enabled.
+    (
+        "outbox_defaults",
+        &[
+            ("id_column", Kind::Str),
+            ("key_column", Kind::Str),
+            ("route_by_column", Kind::Str),
+            ("type_column", Kind::Str),
+            ("payload_column", Kind::Str),
+            ("timestamp_column", Kind::Str),
+            ("topic", Kind::Str),
+            ("topic_regex", Kind::Str),
+            ("additional", Kind::List),
+            ("tombstone_on_empty_payload", Kind::Bool),
+        ],
+    ),
     ("sink", &[("type", Kind::Str)]),
     (
         "kafka",

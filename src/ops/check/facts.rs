@@ -6,7 +6,7 @@
 
 use crate::pg::slot::SourceSpec;
 use crate::pg::state::SlotRecord;
-use crate::relay::router::{AdditionalField, RouterColumns};
+use crate::relay::router::{AdditionalField, Router, RouterColumns};
 
 use super::Finding;
 
@@ -100,7 +100,8 @@ pub struct PgFacts {
     pub server: ServerSettings,
     /// A `replication=database` session and `IDENTIFY_SYSTEM`, as the relay opens it.
     pub replication_session: Result<(), String>,
-    pub table: Result<Option<TableFacts>, String>,
+    /// Each outbox table, in the configuration's order.
+    pub tables: Vec<Result<Option<TableFacts>, String>>,
     pub publication: Result<Option<PublicationFacts>, String>,
     pub slot: Result<Option<SlotFacts>, String>,
     pub state: Result<StateFacts, String>,
@@ -110,10 +111,26 @@ pub struct PgFacts {
 #[derive(Debug, Clone)]
 pub struct Target<'a> {
     pub spec: &'a SourceSpec,
-    pub columns: RouterColumns<'a>,
-    pub additional: &'a [AdditionalField],
+    /// The routers' columns of each outbox table, in the spec's order.
+    pub outboxes: Vec<OutboxTarget<'a>>,
     /// `--config FILE`, for the commands the fixes name.
     pub config_hint: String,
+}
+
+/// The columns one outbox table's router reads.
+#[derive(Debug, Clone)]
+pub struct OutboxTarget<'a> {
+    pub columns: RouterColumns<'a>,
+    pub additional: &'a [AdditionalField],
+}
+
+impl<'a> OutboxTarget<'a> {
+    pub fn of(router: &'a Router) -> Self {
+        OutboxTarget {
+            columns: router.columns(),
+            additional: router.additional(),
+        }
+    }
 }
 
 /// A finding whose fact could not be gathered: the query's error, and how to get it.

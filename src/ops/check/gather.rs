@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::pg::conn::{PgConnection, PgError, QueryResult, SessionKind};
 use crate::pg::slot::SourceSpec;
-use crate::pg::sql::quote_literal;
+use crate::pg::sql::{quote_literal, QualifiedName};
 use crate::pg::state;
 use crate::pg::url::ConnectParams;
 
@@ -34,14 +34,17 @@ pub async fn pg_facts(connect: &ConnectParams, spec: &SourceSpec) -> Result<PgFa
 
 async fn gather(conn: &mut PgConnection, spec: &SourceSpec) -> Result<PgFacts, PgError> {
     let server = server_settings(conn).await?;
-    let table = table(conn, spec).await;
+    let mut tables = Vec::with_capacity(spec.tables.len());
+    for name in &spec.tables {
+        tables.push(table(conn, name).await.map_err(|e| e.to_string()));
+    }
     let publication = publication(conn, spec).await;
     let slot = slot(conn, spec).await;
     let state = state_table(conn, spec).await;
     Ok(PgFacts {
         server,
         replication_session: Ok(()),
-        table: table.map_err(|e| e.to_string()),
+        tables,
         publication: publication.map_err(|e| e.to_string()),
         slot: slot.map_err(|e| e.to_string()),
         state: state.map_err(|e| e.to_string()),
@@ -112,14 +115,17 @@ async fn server_settings(conn: &mut PgConnection) -> Result<ServerSettings, PgEr
     })
 }
 
-async fn table(conn: &mut PgConnection, spec: &SourceSpec) -> Result<Option<TableFacts>, PgError> {
+async fn table(
+    conn: &mut PgConnection,
+    name: &QualifiedName,
+) -> Result<Option<TableFacts>, PgError> {
     let found = conn
         .simple_query(&format!(
             "SELECT c.oid, c.relkind, pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') AS owned \
                FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
               WHERE n.nspname = {} AND c.relname = {}",
-            quote_literal(&spec.table.schema),
-            quote_literal(&spec.table.name)
+            quote_literal(&name.schema),
+            quote_literal(&name.name)
         ))
         .await?;
     let Some(oid) = found.get(0, "oid") else {

@@ -11,11 +11,20 @@ use super::Finding;
 pub struct Target<'a> {
     pub brokers: &'a str,
     pub create_topics: bool,
+    /// The topics of each outbox table's router, in the configuration's order.
+    pub routes: Vec<Route>,
+    pub dead_letter_topic: Option<&'a str>,
+}
+
+/// The topics one outbox table's router sends to.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The outbox table, named in the finding when there are several.
+    pub table: Option<String>,
     /// Every event's topic, when the template uses no group of the regex.
     pub constant_topic: Option<String>,
     /// The template's text before its first group.
     pub topic_prefix: String,
-    pub dead_letter_topic: Option<&'a str>,
 }
 
 /// Topics listed by name in a finding at most.
@@ -45,14 +54,20 @@ pub fn findings(cluster: &Result<ClusterFacts, ProbeError>, target: &Target<'_>)
             cluster.brokers.join(", ")
         ),
     )];
-    out.push(topics(cluster, target));
+    for route in &target.routes {
+        let mut finding = topics(cluster, route, target.create_topics);
+        if let Some(table) = &route.table {
+            finding.message = format!("{table}: {}", finding.message);
+        }
+        out.push(finding);
+    }
     out.push(dead_letter(cluster, target));
     out
 }
 
-fn topics(cluster: &ClusterFacts, target: &Target<'_>) -> Finding {
+fn topics(cluster: &ClusterFacts, route: &Route, create_topics: bool) -> Finding {
     const ID: &str = "kafka.topics";
-    if let Some(topic) = &target.constant_topic {
+    if let Some(topic) = &route.constant_topic {
         return match cluster.topics.get(topic) {
             Some(Ok(partitions)) => Finding::ok(
                 ID,
@@ -63,7 +78,7 @@ fn topics(cluster: &ClusterFacts, target: &Target<'_>) -> Finding {
                 format!("every event goes to topic {topic:?}, and the cluster reports for it: {error}"),
                 "grant the relay's principal Describe and Write on the topic, or fix the topic",
             ),
-            None if target.create_topics => Finding::ok(
+            None if create_topics => Finding::ok(
                 ID,
                 format!("every event goes to topic {topic:?}, which does not exist yet; the relay will create it (create_topics = true)"),
             ),
@@ -74,7 +89,7 @@ fn topics(cluster: &ClusterFacts, target: &Target<'_>) -> Finding {
             ),
         };
     }
-    let prefix = &target.topic_prefix;
+    let prefix = &route.topic_prefix;
     let matching: Vec<&String> = cluster
         .topics
         .keys()
@@ -96,7 +111,7 @@ fn topics(cluster: &ClusterFacts, target: &Target<'_>) -> Finding {
     let message = format!(
         "topics depend on each row's route-by value, so they cannot all be checked; of the topics starting with {prefix:?}, {listed}"
     );
-    if target.create_topics {
+    if create_topics {
         Finding::ok(
             ID,
             format!("{message}; the relay creates missing ones (create_topics = true)"),

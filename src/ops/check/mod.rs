@@ -171,8 +171,11 @@ pub async fn live(settings: &Settings, config_hint: &str) -> Vec<Finding> {
             Ok(facts) => {
                 let target = facts::Target {
                     spec: &spec,
-                    columns: settings.router.columns(),
-                    additional: settings.router.additional(),
+                    outboxes: settings
+                        .outboxes
+                        .iter()
+                        .map(|o| facts::OutboxTarget::of(&o.router))
+                        .collect(),
                     config_hint: config_hint.to_owned(),
                 };
                 let mut findings = vec![Finding::ok(
@@ -199,8 +202,15 @@ pub async fn live(settings: &Settings, config_hint: &str) -> Vec<Finding> {
             &kafka::Target {
                 brokers: &config.brokers,
                 create_topics: config.create_topics,
-                constant_topic: settings.router.constant_topic(),
-                topic_prefix: settings.router.topic_prefix(),
+                routes: settings
+                    .outboxes
+                    .iter()
+                    .map(|outbox| kafka::Route {
+                        table: (settings.outboxes.len() > 1).then(|| outbox.table.to_string()),
+                        constant_topic: outbox.router.constant_topic(),
+                        topic_prefix: outbox.router.topic_prefix(),
+                    })
+                    .collect(),
                 dead_letter_topic: settings.dead_letter_topic.as_deref(),
             },
         )

@@ -8,10 +8,12 @@
 
 use crate::pg::diagnose::SetupError;
 use crate::pg::slot::{create_publication_sql, FAILOVER_SLOTS_SINCE};
-use crate::pg::sql::quote_ident;
+use crate::pg::sql::{quote_ident, QualifiedName};
 use crate::relay::router::Placement;
 
-use super::facts::{not_checked, ColumnFacts, PgFacts, ServerSettings, TableFacts, Target};
+use super::facts::{
+    not_checked, ColumnFacts, OutboxTarget, PgFacts, ServerSettings, TableFacts, Target,
+};
 use super::Finding;
 
 /// Oldest supported PostgreSQL (`server_version_num`).
@@ -36,22 +38,49 @@ pub fn findings(facts: &PgFacts, target: &Target<'_>) -> Vec<Finding> {
     server(&facts.server, &mut out);
     replication_role(facts, &mut out);
     super::messages::version(facts, target.spec, &mut out);
-    if !target.spec.outbox {
+    if !target.spec.outbox() {
         super::messages::table_less(facts, target.spec, &mut out);
         super::slot::findings(facts, target, &mut out);
         return out;
     }
-    let table = match &facts.table {
-        Ok(table) => table.as_ref(),
-        Err(e) => {
-            out.push(not_checked("outbox.table", e));
-            None
+    let several = target.spec.tables.len() > 1;
+    let mut tables = Vec::with_capacity(target.spec.tables.len());
+    for (index, name) in target.spec.tables.iter().enumerate() {
+        // `outbox.table` with one table, `outbox[2].table` in a list, as the file says.
+        let key = if several {
+            format!("outbox[{index}]")
+        } else {
+            "outbox".to_owned()
+        };
+        let table = match facts.tables.get(index) {
+            Some(Ok(table)) => table.as_ref(),
+            Some(Err(e)) => {
+                out.push(not_checked(&format!("{key}.table"), e));
+                None
+            }
+            None => None,
+        };
+        if let Some(columns) = target.outboxes.get(index) {
+            let outbox = Outbox {
+                key: &key,
+                name,
+                columns,
+            };
+            outbox_table(table, &outbox, &target.config_hint, &mut out);
         }
-    };
-    outbox_table(table, target, &mut out);
-    publication(facts, table, target, &mut out);
+        tables.push((name, table));
+    }
+    publication(facts, &tables, target, &mut out);
     super::slot::findings(facts, target, &mut out);
     out
+}
+
+/// One outbox table as the findings name it.
+struct Outbox<'a> {
+    /// The configuration key it comes from: `outbox` or `outbox[2]`.
+    key: &'a str,
+    name: &'a QualifiedName,
+    columns: &'a OutboxTarget<'a>,
 }
 
 fn server(server: &ServerSettings, out: &mut Vec<Finding>) {
@@ -136,90 +165,80 @@ fn replication_role(facts: &PgFacts, out: &mut Vec<Finding>) {
     });
 }
 
-fn outbox_table(table: Option<&TableFacts>, target: &Target<'_>, out: &mut Vec<Finding>) {
-    let name = &target.spec.table;
+fn outbox_table(
+    table: Option<&TableFacts>,
+    outbox: &Outbox<'_>,
+    config_hint: &str,
+    out: &mut Vec<Finding>,
+) {
+    let Outbox { key, name, columns } = outbox;
+    let table_id = format!("{key}.table");
     let Some(table) = table else {
         out.push(Finding::problem(
-            "outbox.table",
+            &table_id,
             format!("the outbox table {name} does not exist in this database"),
             format!(
-                "create it: `outbox-relay init {}` prints the SQL (the table, the publication, the roles; --apply runs it), sql/outbox.sql has the default shape; or set [outbox] table to the right name",
-                target.config_hint
+                "create it: `outbox-relay init {config_hint}` prints the SQL (the table, the publication, the roles; --apply runs it), sql/outbox.sql has the default shape; or set {} to the right name",
+                in_file(&table_id)
             ),
         ));
         return;
     };
     match table.relkind.as_str() {
-        "r" => out.push(Finding::ok("outbox.table", format!("{name} exists"))),
+        "r" => out.push(Finding::ok(&table_id, format!("{name} exists"))),
         "p" => out.push(Finding::ok(
-            "outbox.table",
+            &table_id,
             format!("{name} exists, partitioned (its rows are published under its name through publish_via_partition_root)"),
         )),
         other => {
             out.push(Finding::problem(
-                "outbox.table",
+                &table_id,
                 format!("{name} is not a table (pg_class.relkind {other:?})"),
-                "point [outbox] table at a table or a partitioned table",
+                format!("point {} at a table or a partitioned table", in_file(&table_id)),
             ));
             return;
         }
     }
-    let cols = target.columns;
+    let cols = columns.columns;
     let column = |name: &str| table.columns.iter().find(|c| c.name == name);
     let quoted = name.quoted();
-    let mut each = |id: &str, setting: &str, name: &str, rule: ColumnRule| {
+    let mut each = |setting: &str, name: &str, rule: ColumnRule| {
+        let key_of_setting = setting.split(' ').next().unwrap_or(setting);
         out.push(column_finding(
-            id,
-            setting,
+            &format!("{key}.{key_of_setting}"),
+            &format!("{key}.{setting}"),
             name,
             column(name),
             rule,
             &quoted,
         ));
     };
-    each("outbox.id_column", "id_column", cols.id, ColumnRule::Id);
-    each(
-        "outbox.key_column",
-        "key_column",
-        cols.key,
-        ColumnRule::Present,
-    );
-    each(
-        "outbox.route_by_column",
-        "route_by_column",
-        cols.route_by,
-        ColumnRule::RouteBy,
-    );
+    each("id_column", cols.id, ColumnRule::Id);
+    each("key_column", cols.key, ColumnRule::Present);
+    each("route_by_column", cols.route_by, ColumnRule::RouteBy);
     if let Some(event_type) = cols.event_type {
-        each(
-            "outbox.type_column",
-            "type_column",
-            event_type,
-            ColumnRule::Type,
-        );
+        each("type_column", event_type, ColumnRule::Type);
     }
-    each(
-        "outbox.payload_column",
-        "payload_column",
-        cols.payload,
-        ColumnRule::Payload,
-    );
+    each("payload_column", cols.payload, ColumnRule::Payload);
     if let Some(timestamp) = cols.timestamp {
-        each(
-            "outbox.timestamp_column",
-            "timestamp_column",
-            timestamp,
-            ColumnRule::Timestamp,
-        );
+        each("timestamp_column", timestamp, ColumnRule::Timestamp);
     }
-    for field in target.additional {
+    for field in columns.additional {
         let rule = match field.placement {
             Placement::Partition => ColumnRule::Partition,
             Placement::Header | Placement::Envelope => ColumnRule::Present,
         };
-        let id = format!("outbox.additional[{}]", field.index);
         let setting = format!("additional[{}] = {:?}", field.index, field.spec);
-        each(&id, &setting, &field.column, rule);
+        each(&setting, &field.column, rule);
+    }
+}
+
+/// A key as the file writes it: `[outbox] table` for the single section,
+/// `outbox[2].table` for an entry of a list.
+fn in_file(id: &str) -> String {
+    match id.strip_prefix("outbox.") {
+        Some(key) => format!("[outbox] {key}"),
+        None => id.to_owned(),
     }
 }
 
@@ -243,18 +262,18 @@ fn column_finding(
     table: &str,
 ) -> Finding {
     let Some(column) = column else {
-        let message = format!("the outbox table has no column {name:?} (outbox.{setting})");
+        let message = format!("the outbox table has no column {name:?} ({setting})");
         if rule == ColumnRule::Type {
             return Finding::warning(
                 id,
                 format!("{message}: the event type is then unknown to logs and dead letters"),
-                "add the column or set [outbox] type_column",
+                format!("add the column or set {}", in_file(id)),
             );
         }
         return Finding::problem(
             id,
             format!("{message}: every row would be an invalid event (a dead letter, or the relay stops)"),
-            format!("add the column or change outbox.{setting}"),
+            format!("add the column or change {setting}"),
         );
     };
     let described = format!("column {name:?} ({})", column.type_name);
@@ -305,7 +324,7 @@ fn column_finding(
 
 fn publication(
     facts: &PgFacts,
-    table: Option<&TableFacts>,
+    tables: &[(&QualifiedName, Option<&TableFacts>)],
     target: &Target<'_>,
     out: &mut Vec<Finding>,
 ) {
@@ -313,47 +332,64 @@ fn publication(
     let spec = target.spec;
     let name = &spec.publication;
     let quoted = quote_ident(name);
-    let partitioned = table.is_some_and(|t| t.relkind == "p");
+    let partitioned = tables
+        .iter()
+        .any(|(_, table)| table.is_some_and(|t| t.relkind == "p"));
+    let all_names = spec.tables_shown();
     let publication = match &facts.publication {
         Ok(publication) => publication,
         Err(e) => return out.push(not_checked(ID, e)),
     };
+    let missing_tables: Vec<String> = tables
+        .iter()
+        .filter(|(_, table)| table.is_none())
+        .map(|(name, _)| name.to_string())
+        .collect();
     let Some(publication) = publication else {
         let create = create_publication_sql(spec, partitioned);
-        if table.is_none() {
+        if !missing_tables.is_empty() {
             return out.push(Finding::warning(
                 ID,
-                format!("publication {name:?} does not exist; it can be created once the outbox table exists"),
-                format!("after creating the table: {create} (the relay runs it itself when its role owns the table and has CREATE on the database)"),
+                format!(
+                    "publication {name:?} does not exist; it can be created once the outbox table(s) {} exist",
+                    missing_tables.join(", ")
+                ),
+                format!("after creating the tables: {create} (the relay runs it itself when its role owns the tables and has CREATE on the database)"),
             ));
         }
-        let owned = table.is_some_and(|t| t.owned) || facts.server.superuser;
+        let owned = tables
+            .iter()
+            .all(|(_, table)| table.is_some_and(|t| t.owned))
+            || facts.server.superuser;
         let may_create = facts.server.may_create_in_database || facts.server.superuser;
         out.push(if owned && may_create {
             Finding::ok(ID, format!("publication {name:?} does not exist; the relay will create it: {create}"))
         } else {
             let missing = match (owned, may_create) {
-                (false, false) => "does not own the outbox table and has no CREATE on the database",
-                (false, true) => "does not own the outbox table",
+                (false, false) => "does not own every outbox table and has no CREATE on the database",
+                (false, true) => "does not own every outbox table",
                 _ => "has no CREATE on the database",
             };
             Finding::problem(
                 ID,
                 format!("publication {name:?} does not exist and the relay's role {missing}, so it cannot create it"),
-                format!("run `{create}` as the owner of {}", spec.table),
+                format!("run `{create}` as the owner of {all_names}"),
             )
         });
         return;
     };
-    if table.is_none() {
+    if !missing_tables.is_empty() {
         // No outbox to add to the publication yet: the fix is creating it, which the
-        // outbox.table finding gives; ADD TABLE or SET TABLE of a missing table fails.
-        // A warning: the problem itself is the outbox.table finding's.
+        // outbox table's finding gives; ADD TABLE or SET TABLE of a missing table fails.
+        // A warning: the problem itself is the table finding's.
         return out.push(Finding::warning(
             ID,
-            format!("publication {name:?} exists, but the outbox table {} it must publish does not", spec.table),
             format!(
-                "create the outbox table first (`outbox-relay init {}` prints the SQL), then check again",
+                "publication {name:?} exists, but the outbox table(s) {} it must publish do not",
+                missing_tables.join(", ")
+            ),
+            format!(
+                "create the outbox tables first (`outbox-relay init {}` prints the SQL), then check again",
                 target.config_hint
             ),
         ));
@@ -366,22 +402,39 @@ fn publication(
             "ALTER PUBLICATION {quoted} SET (publish = 'insert')"
         ));
     }
-    let table_name = &spec.table;
+    let ours = |s: &str, t: &str| spec.tables.iter().any(|n| n.schema == s && n.name == t);
+    let unpublished: Vec<&QualifiedName> = spec
+        .tables
+        .iter()
+        .filter(|n| {
+            !publication
+                .tables
+                .iter()
+                .any(|(s, t)| *s == n.schema && *t == n.name)
+        })
+        .collect();
     if partitioned && !publication.via_root {
-        problems.push(format!("publishes the partitioned outbox {table_name} under its partitions' names (publish_via_partition_root = false), so the relay would not see its rows as events"));
+        let partitioned_names: Vec<String> = tables
+            .iter()
+            .filter(|(_, table)| table.is_some_and(|t| t.relkind == "p"))
+            .map(|(name, _)| name.to_string())
+            .collect();
+        problems.push(format!("publishes the partitioned outbox {} under its partitions' names (publish_via_partition_root = false), so the relay would not see its rows as events", partitioned_names.join(", ")));
         fixes.push(format!(
             "ALTER PUBLICATION {quoted} SET (publish_via_partition_root = true)"
         ));
-    } else if !publication.all_tables
-        && !publication
-            .tables
-            .iter()
-            .any(|(s, t)| *s == table_name.schema && *t == table_name.name)
-    {
-        problems.push(format!("does not include the outbox table {table_name}"));
+    } else if !publication.all_tables && !unpublished.is_empty() {
+        let names: Vec<String> = unpublished.iter().map(ToString::to_string).collect();
+        let quoted_names: Vec<String> = unpublished.iter().map(|n| n.quoted()).collect();
+        problems.push(format!(
+            "does not include the outbox table{} {} (rows written to {} before it is added are not in the stream: `outbox-relay backfill` sends those still in the table)",
+            if names.len() == 1 { "" } else { "s" },
+            names.join(", "),
+            if names.len() == 1 { "it" } else { "them" },
+        ));
         fixes.push(format!(
             "ALTER PUBLICATION {quoted} ADD TABLE {}",
-            table_name.quoted()
+            quoted_names.join(", ")
         ));
     }
     // Published under its partitions' names, the outbox's rows show up as the
@@ -392,14 +445,15 @@ fn publication(
         publication
             .tables
             .iter()
-            .filter(|(s, t)| *s != table_name.schema || *t != table_name.name)
+            .filter(|(s, t)| !ours(s, t))
             .map(|(s, t)| format!("{s}.{t}"))
             .collect()
     };
+    let all_quoted: Vec<String> = spec.tables.iter().map(QualifiedName::quoted).collect();
     if publication.all_tables {
         problems.push("publishes every table (FOR ALL TABLES): an insert into any other table stops the relay unacknowledged".to_owned());
         fixes.push(format!(
-            "use a publication of the outbox alone: {}",
+            "use a publication of the outbox tables alone: {}",
             create_publication_sql(spec, partitioned)
         ));
     } else if !others.is_empty() {
@@ -409,15 +463,19 @@ fn publication(
         ));
         fixes.push(format!(
             "ALTER PUBLICATION {quoted} SET TABLE {}",
-            table_name.quoted()
+            all_quoted.join(", ")
         ));
     }
     out.push(if problems.is_empty() {
         Finding::ok(
             ID,
             format!(
-                "publication {name:?} publishes inserts into {table_name}{}",
-                if partitioned { " through its root" } else { "" }
+                "publication {name:?} publishes inserts into {all_names}{}",
+                if partitioned {
+                    " (partitioned tables through their root)"
+                } else {
+                    ""
+                }
             ),
         )
     } else {

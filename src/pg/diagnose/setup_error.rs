@@ -36,10 +36,10 @@ pub enum SetupError {
         "replication slot {slot:?} disappeared while the relay was starting to stream from it"
     )]
     SlotMissing { slot: String },
-    #[error("publication {publication:?} does not exist{} (PostgreSQL: {server_said}); was it dropped? Recreate it as the owner of {table}: CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'). {}", if *exists_now { " at the point of the WAL the slot reads (it exists now, created after that point)" } else { "" }, quote_ident(publication), table.quoted(), unread_wal_advice(slot, *exists_now))]
+    #[error("publication {publication:?} does not exist{} (PostgreSQL: {server_said}); was it dropped? {}. {}", if *exists_now { " at the point of the WAL the slot reads (it exists now, created after that point)" } else { "" }, recreate(publication, tables), unread_wal_advice(slot, *exists_now))]
     PublicationMissing {
         publication: String,
-        table: QualifiedName,
+        tables: Vec<QualifiedName>,
         slot: String,
         /// It exists in the catalog now: the slot's unread WAL predates it.
         exists_now: bool,
@@ -101,6 +101,25 @@ fn unread_wal_advice(slot: &str, exists_now: bool) -> String {
     format!(
         "{lead}: drop the slot (SELECT pg_drop_replication_slot({})), create a new one knowingly (`outbox-relay slot create --accept-gap --config FILE`), and re-send the outbox rows written since the last acknowledged position (`outbox-relay backfill --config FILE --since TIME`)",
         quote_literal(slot)
+    )
+}
+
+/// How to create the publication again: for every outbox table, or without a table
+/// for a messages-only relay.
+fn recreate(publication: &str, tables: &[QualifiedName]) -> String {
+    if tables.is_empty() {
+        return format!(
+            "Recreate it: CREATE PUBLICATION {} WITH (publish = 'insert')",
+            quote_ident(publication)
+        );
+    }
+    let shown: Vec<String> = tables.iter().map(ToString::to_string).collect();
+    let quoted: Vec<String> = tables.iter().map(QualifiedName::quoted).collect();
+    format!(
+        "Recreate it as the owner of {}: CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
+        shown.join(", "),
+        quote_ident(publication),
+        quoted.join(", ")
     )
 }
 

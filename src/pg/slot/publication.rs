@@ -7,21 +7,33 @@
 
 use crate::pg::conn::{PgConnection, PgError};
 use crate::pg::diagnose::SetupError;
-use crate::pg::source::SourceSpec;
-use crate::pg::sql::{quote_ident, quote_literal};
+use crate::pg::source::{OutboxRelation, SourceSpec};
+use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
 
 fn definite(message: impl Into<String>) -> SetupError {
     SetupError::Definite(message.into())
 }
 
-/// The outbox table's relation id and whether it is partitioned.
-pub(super) async fn outbox_relation(
+/// Every outbox table's relation id and whether it is partitioned, in the spec's order.
+pub(super) async fn outbox_relations(
     conn: &mut PgConnection,
     spec: &SourceSpec,
     server_version: &str,
     version_num: u32,
-) -> Result<(u32, bool), SetupError> {
-    let table = &spec.table;
+) -> Result<Vec<OutboxRelation>, SetupError> {
+    let mut found = Vec::with_capacity(spec.tables.len());
+    for table in &spec.tables {
+        found.push(outbox_relation(conn, table, server_version, version_num).await?);
+    }
+    Ok(found)
+}
+
+async fn outbox_relation(
+    conn: &mut PgConnection,
+    table: &QualifiedName,
+    server_version: &str,
+    version_num: u32,
+) -> Result<OutboxRelation, SetupError> {
     let exists = conn
         .simple_query(&format!(
             "SELECT c.oid, c.relkind FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = {} AND c.relname = {}",
@@ -34,12 +46,12 @@ pub(super) async fn outbox_relation(
             "outbox table {table} does not exist in this database: create it (sql/outbox.sql has the default shape) or set [outbox] table to the right name"
         )));
     }
-    let outbox_oid: u32 = exists
+    let oid: u32 = exists
         .get(0, "oid")
         .and_then(|oid| oid.parse().ok())
         .ok_or_else(|| definite(format!("PostgreSQL returned no relation id for {table}")))?;
     let relkind = exists.get(0, "relkind").unwrap_or_default();
-    let outbox_partitioned = match relkind {
+    let partitioned = match relkind {
         "r" => false,
         "p" => true,
         other => {
@@ -48,25 +60,28 @@ pub(super) async fn outbox_relation(
             )))
         }
     };
-    if outbox_partitioned && version_num < 130_000 {
+    if partitioned && version_num < 130_000 {
         return Err(definite(format!(
             "{table} is partitioned, and PostgreSQL {server_version} cannot publish a partitioned table's rows under its root's name (publish_via_partition_root needs PostgreSQL 13 or later): upgrade PostgreSQL, or use an unpartitioned outbox"
         )));
     }
-
-    Ok((outbox_oid, outbox_partitioned))
+    Ok(OutboxRelation {
+        table: table.clone(),
+        oid,
+        partitioned,
+    })
 }
 
-/// The `CREATE PUBLICATION` the relay runs (and tells a user to run): inserts only and,
-/// for a partitioned outbox, rows published under the root's name so the stream names
-/// the outbox, not its partitions.
+/// The `CREATE PUBLICATION` the relay runs (and tells a user to run): every outbox
+/// table, inserts only and, when an outbox is partitioned, rows published under the
+/// root's name so the stream names the outbox, not its partitions.
 pub fn create_publication_sql(spec: &SourceSpec, partitioned: bool) -> String {
     let options = if partitioned {
         "publish = 'insert', publish_via_partition_root = true"
     } else {
         "publish = 'insert'"
     };
-    if !spec.outbox {
+    if !spec.outbox() {
         // Table-less: pgoutput needs a publication to start, and this one publishes no
         // table; messages are not filtered by publication.
         return format!(
@@ -74,10 +89,11 @@ pub fn create_publication_sql(spec: &SourceSpec, partitioned: bool) -> String {
             quote_ident(&spec.publication)
         );
     }
+    let tables: Vec<String> = spec.tables.iter().map(QualifiedName::quoted).collect();
     format!(
         "CREATE PUBLICATION {} FOR TABLE {} WITH ({options})",
         quote_ident(&spec.publication),
-        spec.table.quoted()
+        tables.join(", ")
     )
 }
 
@@ -87,7 +103,7 @@ pub(super) async fn ensure_publication(
     partitioned: bool,
 ) -> Result<bool, SetupError> {
     let publication = &spec.publication;
-    let table = &spec.table;
+    let table = spec.tables_shown();
     // pubviaroot exists from PostgreSQL 13 on; a partitioned outbox needs 13 (checked
     // before), an unpartitioned one does not care.
     let via_root = if partitioned {
@@ -123,11 +139,11 @@ pub(super) async fn ensure_publication(
     }
     if partitioned && found.get(0, "pubviaroot") != Some("t") {
         return Err(definite(format!(
-            "publication {publication:?} publishes the partitioned outbox {table} under its partitions' names, so the relay would not see its rows as events: run ALTER PUBLICATION {} SET (publish_via_partition_root = true), then restart the relay",
+            "publication {publication:?} publishes the partitioned outbox (of {table}) under its partitions' names, so the relay would not see its rows as events: run ALTER PUBLICATION {} SET (publish_via_partition_root = true), then restart the relay",
             quote_ident(publication)
         )));
     }
-    if !spec.outbox {
+    if !spec.outbox() {
         let tables = conn
             .simple_query(&format!(
                 "SELECT schemaname, tablename FROM pg_catalog.pg_publication_tables WHERE pubname = {} LIMIT 1",
@@ -144,19 +160,34 @@ pub(super) async fn ensure_publication(
         }
         return Ok(false);
     }
-    let includes = conn
-        .simple_query(&format!(
-            "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = {} AND schemaname = {} AND tablename = {}",
-            quote_literal(publication),
-            quote_literal(&table.schema),
-            quote_literal(&table.name)
-        ))
-        .await?;
-    if includes.rows.is_empty() {
+    let mut missing = Vec::new();
+    for table in &spec.tables {
+        let includes = conn
+            .simple_query(&format!(
+                "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = {} AND schemaname = {} AND tablename = {}",
+                quote_literal(publication),
+                quote_literal(&table.schema),
+                quote_literal(&table.name)
+            ))
+            .await?;
+        if includes.rows.is_empty() {
+            missing.push(table);
+        }
+    }
+    if !missing.is_empty() {
+        let shown: Vec<String> = missing.iter().map(ToString::to_string).collect();
+        let quoted: Vec<String> = missing.iter().map(|t| t.quoted()).collect();
+        let what = if missing.len() == 1 {
+            "the outbox table"
+        } else {
+            "the outbox tables"
+        };
         return Err(definite(format!(
-            "publication {publication:?} does not include the outbox table {table}: run ALTER PUBLICATION {} ADD TABLE {}",
+            "publication {publication:?} does not include {what} {}: run ALTER PUBLICATION {} ADD TABLE {}. Rows committed to {} before that are not in the stream (PostgreSQL decodes a row with the publication as it was when the row was written): `outbox-relay backfill` sends those still in the table",
+            shown.join(", "),
             quote_ident(publication),
-            table.quoted()
+            quoted.join(", "),
+            if missing.len() == 1 { "it" } else { "them" },
         )));
     }
     Ok(false)

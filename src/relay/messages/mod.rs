@@ -289,6 +289,7 @@ impl MessageRouter {
             tombstone: false,
             lsn: context.lsn,
             timestamp_ms: context.timestamp_ms,
+            outbox: OutboxEvent::NOT_A_TABLE,
         }))
     }
 }

@@ -28,6 +28,7 @@ impl<S: ReplicationStream> Pipeline<S> {
         };
         self.progress.events += 1;
         Metrics::add(&self.metrics.events, 1);
+        self.metrics.add_outbox_event(event.outbox);
         if self.metrics.oldest_undelivered.since_ms().is_none() {
             // The first event waiting: its age counts from now, not from the next tick.
             self.update_ages();
@@ -134,7 +135,12 @@ impl<S: ReplicationStream> Pipeline<S> {
         reason: String,
         place: Place,
     ) -> Result<(), RelayError> {
-        let letter = DeadLetter::from_event(event, reason.clone(), &self.source_table);
+        // A logical decoding message's record has no table.
+        let source_table = self
+            .source_tables
+            .get(usize::try_from(event.outbox).unwrap_or(usize::MAX))
+            .map_or("message", String::as_str);
+        let letter = DeadLetter::from_event(event, reason.clone(), source_table);
         self.dead_letter_or(tag.ticket.seq(), letter, place, || {
             Definite::Undeliverable {
                 topic: event.topic.clone(),

@@ -54,8 +54,8 @@ impl<S: ReplicationStream> Pipeline<S> {
                 self.tracker.vouch(lsn);
                 Ok(())
             }
-            WatchReport::Changed(change) => Err(Definite::OutboxUnpublished {
-                repair: change.repair(&self.publication, &self.table),
+            WatchReport::Changed { change, table } => Err(Definite::OutboxUnpublished {
+                repair: change.repair(&self.publication, &self.tables, table.as_ref()),
                 change: change.to_string(),
                 since: self.tracker.vouched(),
             }

@@ -78,11 +78,130 @@ impl Default for OutboxConfig {
     }
 }
 
-/// The checked `[outbox]` section: the outbox table's name and the router built from it.
+/// The checked `[outbox]` section (or one `[[outbox]]` entry): the outbox table's name
+/// and the router built from it.
 #[derive(Debug, Clone)]
 pub struct OutboxSettings {
     pub table: QualifiedName,
     pub router: Router,
+}
+
+/// The `outbox` key of the file: one `[outbox]` table, or a list of `[[outbox]]`
+/// entries (several outbox tables through one slot), each with the keys `[outbox]` has
+/// (shared values in `[outbox_defaults]`, merged into every entry before this is read:
+/// `crate::config::outboxes`).
+#[derive(Debug, Clone)]
+pub enum OutboxSection {
+    One(Box<OutboxConfig>),
+    Many(Vec<OutboxConfig>),
+}
+
+impl Default for OutboxSection {
+    fn default() -> Self {
+        OutboxSection::One(Box::default())
+    }
+}
+
+impl<'de> Deserialize<'de> for OutboxSection {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = OutboxSection;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an [outbox] table or a list of [[outbox]] entries")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                OutboxConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(|one| OutboxSection::One(Box::new(one)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                Vec::<OutboxConfig>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+                    .map(OutboxSection::Many)
+            }
+        }
+        deserializer.deserialize_any(Either)
+    }
+}
+
+impl OutboxSection {
+    /// `false` for a single `[outbox]` with `enabled = false` (messages only).
+    pub fn enabled(&self) -> bool {
+        match self {
+            OutboxSection::One(one) => one.enabled,
+            OutboxSection::Many(_) => true,
+        }
+    }
+
+    /// Every entry with its key path (`outbox`, or `outbox[2]` in a list).
+    pub fn entries(&self) -> Vec<(String, &OutboxConfig)> {
+        match self {
+            OutboxSection::One(one) => vec![("outbox".to_owned(), one.as_ref())],
+            OutboxSection::Many(many) => many
+                .iter()
+                .enumerate()
+                .map(|(i, entry)| (format!("outbox[{i}]"), entry))
+                .collect(),
+        }
+    }
+
+    /// Check every entry and build its router: the outbox tables in the file's order
+    /// (none for a messages-only relay), or every problem with its key path
+    /// (`outbox[2].topic: …` for an entry of a list).
+    pub fn build(&self) -> Result<Vec<OutboxSettings>, Vec<String>> {
+        let mut problems = Vec::new();
+        let mut built: Vec<OutboxSettings> = Vec::new();
+        match self {
+            OutboxSection::One(one) => match one.build() {
+                Ok(settings) if one.enabled => built.push(settings),
+                Ok(_) => {}
+                Err(one_problems) => problems.extend(one_problems),
+            },
+            OutboxSection::Many(many) => {
+                if many.is_empty() {
+                    problems.push("outbox: the list of [[outbox]] entries is empty; give at least one table (or one [outbox] section)".to_owned());
+                }
+                for (index, entry) in many.iter().enumerate() {
+                    let path = format!("outbox[{index}]");
+                    if !entry.enabled {
+                        problems.push(format!("{path}.enabled: an entry of a list of [[outbox]] tables cannot be disabled; remove the entry instead"));
+                    }
+                    match entry.build() {
+                        Ok(settings) => {
+                            if let Some(earlier) =
+                                built.iter().position(|b| b.table == settings.table)
+                            {
+                                problems.push(format!(
+                                    "{path}.table: {} is also outbox[{earlier}]'s table; each outbox table is listed once",
+                                    settings.table
+                                ));
+                            } else {
+                                built.push(settings);
+                            }
+                        }
+                        Err(entry_problems) => {
+                            problems.extend(entry_problems.into_iter().map(|p| {
+                                match p.strip_prefix("outbox.") {
+                                    Some(rest) => format!("{path}.{rest}"),
+                                    None => p,
+                                }
+                            }))
+                        }
+                    }
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(built)
+        } else {
+            Err(problems)
+        }
+    }
 }
 
 impl OutboxConfig {

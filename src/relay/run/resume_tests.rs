@@ -17,8 +17,7 @@ fn prepared(slot_lsn: u64, record: Option<(u64, &str)>) -> PreparedSource {
         publication_created: false,
         wal_sender_timeout: None,
         server_version: "15".into(),
-        outbox_oid: 16_384,
-        outbox_partitioned: false,
+        outboxes: Vec::new(),
         failover_slot: false,
         record: record.map(|(lsn, system)| SlotRecord {
             created_at: None,

@@ -4,9 +4,11 @@ use crate::relay::router::config::OutboxConfig;
 
 fn assembler() -> TxnAssembler {
     TxnAssembler::new(
-        Router::try_new(&OutboxConfig::default()).expect("default settings are valid"),
-        QualifiedName::parse("public.outbox").unwrap(),
-        1,
+        vec![AssemblerOutbox {
+            table: QualifiedName::parse("public.outbox").unwrap(),
+            oid: 1,
+            router: Router::try_new(&OutboxConfig::default()).expect("default settings are valid"),
+        }],
         0,
     )
 }
@@ -262,7 +264,12 @@ fn message(transactional: bool, lsn: u64, prefix: &str, content: &str) -> PgOutp
 fn with_messages(extra: &str, outbox_enabled: bool) -> TxnAssembler {
     let config: crate::relay::messages::config::MessagesConfig =
         toml::from_str(&format!("prefixes = [\"orders\"]\n{extra}")).unwrap();
-    assembler().with_messages(config.build().unwrap(), outbox_enabled)
+    let assembler = if outbox_enabled {
+        assembler()
+    } else {
+        TxnAssembler::new(Vec::new(), 0)
+    };
+    assembler.with_messages(config.build().unwrap())
 }
 
 #[test]
@@ -361,4 +368,108 @@ fn a_table_less_assembler_takes_no_relation_for_the_outbox() {
         a.apply(insert(1, &["e1"]), Lsn(10)),
         Err(AssemblyError::ForeignRelation { .. })
     ));
+}
+
+fn relation_in(id: u32, schema: &str, name: &str, columns: &[&str]) -> PgOutputMessage {
+    let PgOutputMessage::Relation(mut body) = relation(id, name, columns) else {
+        unreachable!("relation() makes a Relation message")
+    };
+    body.namespace = schema.into();
+    PgOutputMessage::Relation(body)
+}
+
+/// `public.outbox` (relation 1) with Debezium's routing, and `t2.outbox` (relation 2)
+/// routed by its `type` column to `t2.<type>`.
+fn two_outboxes() -> TxnAssembler {
+    let second = OutboxConfig {
+        table: "t2.outbox".into(),
+        route_by_column: "type".into(),
+        topic: "t2.${routedByValue}".into(),
+        ..OutboxConfig::default()
+    };
+    let second = second.build().expect("valid settings");
+    TxnAssembler::new(
+        vec![
+            AssemblerOutbox {
+                table: QualifiedName::parse("public.outbox").unwrap(),
+                oid: 1,
+                router: Router::try_new(&OutboxConfig::default()).unwrap(),
+            },
+            AssemblerOutbox {
+                table: second.table,
+                oid: 2,
+                router: second.router,
+            },
+        ],
+        0,
+    )
+}
+
+const COLUMNS: [&str; 5] = ["id", "aggregatetype", "aggregateid", "type", "payload"];
+
+#[test]
+fn each_outbox_is_routed_by_its_own_rules_and_tagged_with_its_index() {
+    let mut a = two_outboxes();
+    a.apply(begin(), Lsn(0)).unwrap();
+    a.apply(relation_in(2, "t2", "outbox", &COLUMNS), Lsn(0))
+        .unwrap();
+    a.apply(relation_in(1, "public", "outbox", &COLUMNS), Lsn(0))
+        .unwrap();
+    let routed = |step: Step| match step {
+        Step::Event { event: Ok(e), .. } => (e.topic, e.key, e.outbox),
+        other => panic!("expected an event, got {other:?}"),
+    };
+    let row = ["e1", "order", "o-1", "Created", "{}"];
+    assert_eq!(
+        routed(a.apply(insert(2, &row), Lsn(10)).unwrap()),
+        ("t2.Created".to_owned(), Some("e1".to_owned()), 1)
+    );
+    let row = ["e2", "order", "o-1", "Created", "{}"];
+    assert_eq!(
+        routed(a.apply(insert(1, &row), Lsn(20)).unwrap()),
+        ("outbox.event.order".to_owned(), Some("e2".to_owned()), 0)
+    );
+}
+
+#[test]
+fn with_several_outboxes_a_rename_names_its_table_and_a_stranger_lists_them_all() {
+    let mut a = two_outboxes();
+    let renamed = a
+        .apply(relation_in(2, "t2", "outbox_old", &COLUMNS), Lsn(0))
+        .unwrap_err();
+    assert_eq!(
+        renamed,
+        AssemblyError::OutboxRenamed {
+            relation_id: 2,
+            from: "t2.outbox".into(),
+            to: "t2.outbox_old".into(),
+        }
+    );
+    let mut a = two_outboxes();
+    a.apply(relation_in(3, "t3", "outbox", &COLUMNS), Lsn(0))
+        .unwrap();
+    a.apply(begin(), Lsn(0)).unwrap();
+    let err = a
+        .apply(insert(3, &["e1", "order", "o-1", "Created", "{}"]), Lsn(10))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        AssemblyError::ForeignRelation {
+            table: "t3.outbox".into(),
+            relation_id: 3,
+            outbox: "public.outbox, t2.outbox".into(),
+        }
+    );
+    // t2's name under a new relation id (replaced) is still t2's outbox.
+    let mut a = two_outboxes();
+    a.apply(relation_in(9, "t2", "outbox", &COLUMNS), Lsn(0))
+        .unwrap();
+    a.apply(begin(), Lsn(0)).unwrap();
+    let step = a
+        .apply(insert(9, &["e1", "order", "o-1", "Created", "{}"]), Lsn(10))
+        .unwrap();
+    assert!(
+        matches!(step, Step::Event { event: Ok(ref e), .. } if e.topic == "t2.Created" && e.outbox == 1),
+        "{step:?}"
+    );
 }

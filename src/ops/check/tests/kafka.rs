@@ -19,8 +19,11 @@ fn kafka_topics_constant_or_by_prefix() {
         |constant: Option<&str>, create: bool, dead_letter: Option<&'static str>| kafka::Target {
             brokers: "127.0.0.1:9092",
             create_topics: create,
-            constant_topic: constant.map(str::to_owned),
-            topic_prefix: constant.unwrap_or("outbox.event.").to_owned(),
+            routes: vec![kafka::Route {
+                table: None,
+                constant_topic: constant.map(str::to_owned),
+                topic_prefix: constant.unwrap_or("outbox.event.").to_owned(),
+            }],
             dead_letter_topic: dead_letter,
         };
     let status = |found: &[Finding], id: &str| found.iter().find(|f| f.id == id).map(|f| f.status);

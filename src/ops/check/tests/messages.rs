@@ -4,7 +4,7 @@ use super::*;
 
 fn check_table_less(facts: &PgFacts) -> Vec<Finding> {
     let mut spec = spec();
-    spec.outbox = false;
+    spec.tables.clear();
     spec.messages = true;
     check_with(facts, &spec, &[])
 }
@@ -25,7 +25,7 @@ fn a_table_less_relay_needs_a_publication_without_tables_and_postgresql_14() {
         "{refused:#?}"
     );
     let mut facts = healthy();
-    facts.table = Ok(None);
+    facts.tables.clear();
     facts.publication = Ok(Some(PublicationFacts {
         inserts: true,
         via_root: false,

@@ -9,8 +9,8 @@ mod postgres;
 mod slot;
 
 use crate::ops::check::facts::{
-    ColumnFacts, PgFacts, PublicationFacts, ServerSettings, SlotFacts, StateFacts, TableFacts,
-    Target,
+    ColumnFacts, OutboxTarget, PgFacts, PublicationFacts, ServerSettings, SlotFacts, StateFacts,
+    TableFacts, Target,
 };
 use crate::ops::check::postgres::findings;
 use crate::ops::check::{Finding, Report, Status};
@@ -23,10 +23,9 @@ fn spec() -> SourceSpec {
     SourceSpec {
         slot: "outbox_relay".into(),
         publication: "outbox_relay".into(),
-        table: QualifiedName::parse("public.outbox").unwrap(),
+        tables: vec![QualifiedName::parse("public.outbox").unwrap()],
         state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
         failover: true,
-        outbox: true,
         messages: false,
     }
 }
@@ -71,7 +70,7 @@ fn healthy() -> PgFacts {
             signals_backends: true,
         },
         replication_session: Ok(()),
-        table: Ok(Some(TableFacts {
+        tables: vec![Ok(Some(TableFacts {
             relkind: "r".into(),
             owned: true,
             columns: vec![
@@ -83,7 +82,7 @@ fn healthy() -> PgFacts {
                 column("created_at", 1184, "timestamp with time zone", true),
                 column("shard", 23, "integer", true),
             ],
-        })),
+        }))],
         publication: Ok(Some(PublicationFacts {
             inserts: true,
             via_root: false,
@@ -119,8 +118,7 @@ fn check_with(facts: &PgFacts, spec: &SourceSpec, additional: &[&str]) -> Vec<Fi
         facts,
         &Target {
             spec,
-            columns: router.columns(),
-            additional: router.additional(),
+            outboxes: vec![OutboxTarget::of(&router)],
             config_hint: "--config relay.toml".into(),
         },
     )

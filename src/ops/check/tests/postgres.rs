@@ -39,7 +39,7 @@ fn server_problems_name_their_fix() {
 fn columns_are_checked_by_setting_and_type() {
     let with = |edit: &dyn Fn(&mut Vec<ColumnFacts>)| {
         let mut facts = healthy();
-        if let Ok(Some(table)) = &mut facts.table {
+        if let Ok(Some(table)) = &mut facts.tables[0] {
             edit(&mut table.columns);
         }
         facts
@@ -70,7 +70,7 @@ fn columns_are_checked_by_setting_and_type() {
     assert_eq!(ids, ["outbox.additional[0]", "outbox.additional[1]"]);
 
     let mut facts = healthy();
-    facts.table = Ok(None);
+    facts.tables[0] = Ok(None);
     let found = check(&facts, &[]);
     let problems = problems(&found);
     assert_eq!(problems.len(), 1, "{problems:#?}");
@@ -102,7 +102,7 @@ fn the_publication_must_publish_inserts_of_the_outbox_alone() {
         &["public.orders", "SET TABLE"],
     );
     let mut facts = with(&|p| p.tables = vec![("public".into(), "outbox_2026".into())]);
-    if let Ok(Some(table)) = &mut facts.table {
+    if let Ok(Some(table)) = &mut facts.tables[0] {
         table.relkind = "p".into();
     }
     one_problem(
@@ -115,7 +115,7 @@ fn the_publication_must_publish_inserts_of_the_outbox_alone() {
     // does not exist.
     for tables in [vec![], vec![("public".to_owned(), "orders".to_owned())]] {
         let mut facts = with(&|p| p.tables = tables.clone());
-        facts.table = Ok(None);
+        facts.tables[0] = Ok(None);
         let found = check(&facts, &[]);
         let publication = found
             .iter()
@@ -159,7 +159,7 @@ fn the_publication_must_publish_inserts_of_the_outbox_alone() {
 #[test]
 fn a_table_without_a_type_column_is_warned_unless_type_column_is_unset() {
     let mut facts = healthy();
-    if let Ok(Some(table)) = &mut facts.table {
+    if let Ok(Some(table)) = &mut facts.tables[0] {
         table.columns.retain(|c| c.name != "type");
     }
     let warned = |findings: &[Finding]| {
@@ -177,11 +177,91 @@ fn a_table_without_a_type_column_is_warned_unless_type_column_is_unset() {
         &facts,
         &Target {
             spec: &spec(),
-            columns: router.columns(),
-            additional: router.additional(),
+            outboxes: vec![OutboxTarget::of(&router)],
             config_hint: "--config relay.toml".into(),
         },
     );
     assert!(!warned(&found), "{found:#?}");
     assert!(problems(&found).is_empty(), "{found:#?}");
+}
+
+/// `public.outbox` and `t2.outbox` through one publication; `edit` changes the facts.
+fn two_tables(edit: impl FnOnce(&mut PgFacts)) -> Vec<Finding> {
+    let mut spec = spec();
+    spec.tables.push(QualifiedName::parse("t2.outbox").unwrap());
+    let mut facts = healthy();
+    let first = facts.tables[0].clone();
+    facts.tables.push(first);
+    if let Ok(Some(publication)) = &mut facts.publication {
+        publication.tables.push(("t2".into(), "outbox".into()));
+    }
+    edit(&mut facts);
+    let router = router(&[]);
+    findings(
+        &facts,
+        &Target {
+            spec: &spec,
+            outboxes: vec![OutboxTarget::of(&router), OutboxTarget::of(&router)],
+            config_hint: "--config relay.toml".into(),
+        },
+    )
+}
+
+#[test]
+fn several_outbox_tables_are_checked_each_by_its_key_and_published_together() {
+    let found = two_tables(|_| {});
+    assert!(problems(&found).is_empty(), "{found:#?}");
+    for id in [
+        "outbox[0].table",
+        "outbox[1].table",
+        "outbox[1].payload_column",
+    ] {
+        assert!(found.iter().any(|f| f.id == id), "{id} in {found:#?}");
+    }
+    let publication = found
+        .iter()
+        .find(|f| f.id == "postgres.publication")
+        .unwrap();
+    assert!(
+        publication.message.contains("public.outbox, t2.outbox"),
+        "{publication:#?}"
+    );
+
+    // The second table lacks a column: its own finding says so.
+    let found = two_tables(|facts| {
+        if let Ok(Some(table)) = &mut facts.tables[1] {
+            table.columns.retain(|c| c.name != "payload");
+        }
+    });
+    let refused = problems(&found);
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert_eq!(refused[0].id, "outbox[1].payload_column");
+    assert!(
+        refused[0].message.contains("outbox[1].payload_column"),
+        "{refused:#?}"
+    );
+
+    // The second table is not in the publication: ADD TABLE it, and say that what was
+    // written before is not streamed.
+    let found = two_tables(|facts| {
+        if let Ok(Some(publication)) = &mut facts.publication {
+            publication.tables.retain(|(schema, _)| schema != "t2");
+        }
+    });
+    let refused = problems(&found);
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert_eq!(refused[0].id, "postgres.publication");
+    assert!(refused[0].message.contains("t2.outbox"), "{refused:#?}");
+    assert!(refused[0].message.contains("backfill"), "{refused:#?}");
+    assert_eq!(
+        refused[0].fix.as_deref(),
+        Some("ALTER PUBLICATION \"outbox_relay\" ADD TABLE \"t2\".\"outbox\"")
+    );
+
+    // The second table is missing: its finding, and the publication waits for it.
+    let found = two_tables(|facts| facts.tables[1] = Ok(None));
+    let refused = problems(&found);
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert_eq!(refused[0].id, "outbox[1].table");
+    assert!(refused[0].message.contains("t2.outbox"), "{refused:#?}");
 }

@@ -24,7 +24,7 @@ use crate::relay::liveness::LivenessLimits;
 use crate::relay::router::config::OutboxConfig;
 use crate::relay::router::{OutboxEvent, Router};
 use crate::relay::source::ReplicationStream;
-use crate::relay::txn::TxnAssembler;
+use crate::relay::txn::{AssemblerOutbox, TxnAssembler};
 use crate::relay::watch::{OutboxWatch, WatchReport};
 use crate::relay::RelayError;
 use crate::sink::checkpoint::Checkpoint;
@@ -171,8 +171,14 @@ impl Relay {
         let start = Start {
             slot_lsn: SLOT_LSN,
             recorded: SLOT_LSN,
-            assembler: TxnAssembler::new(router, table.clone(), OUTBOX_OID, 0)
-                .with_messages(None, true),
+            assembler: TxnAssembler::new(
+                vec![AssemblerOutbox {
+                    table: table.clone(),
+                    oid: OUTBOX_OID,
+                    router,
+                }],
+                0,
+            ),
             limits: options.limits,
             liveness: LivenessLimits {
                 status_interval: options.status_interval,
@@ -181,7 +187,7 @@ impl Relay {
             },
             dead_letter_topic: options.dead_letter_topic.clone(),
             publication: "outbox_pub".to_owned(),
-            table,
+            tables: vec![table],
             committed: options
                 .committed
                 .map(|lsn| Checkpoint::new("outbox_relay", "7300000000000000001", lsn, None)),

@@ -1,0 +1,311 @@
+//! Several outbox tables through one relay, one slot and one publication (`[[outbox]]`
+//! with `[outbox_defaults]`), against a real PostgreSQL: each table's rows are routed by
+//! its own rules, the server runs one WAL sender for all of them, a table that leaves
+//! the publication stops the relay naming that table (nothing acknowledged past it),
+//! and `backfill --table`, `check`, `init` and `slot status` know every table.
+
+use outbox_relay_harness as support;
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use support::outbox::{cluster_with_app_db, plain, with_metrics, OUTBOX_SQL, SLOT, WAIT};
+use support::{PgCluster, RelayProcess};
+
+/// The tables: Debezium's default in `public`, two tenants' copies.
+const TABLES: [&str; 3] = ["public.outbox", "tenant_a.outbox", "tenant_b.outbox"];
+
+fn cluster_with_three_outboxes() -> PgCluster {
+    let pg = cluster_with_app_db();
+    let mut client = pg.client_db("app");
+    client.batch_execute(OUTBOX_SQL).expect("public.outbox");
+    client
+        .batch_execute(
+            "CREATE SCHEMA tenant_a; CREATE TABLE tenant_a.outbox (LIKE public.outbox INCLUDING ALL);
+             CREATE SCHEMA tenant_b; CREATE TABLE tenant_b.outbox (LIKE public.outbox INCLUDING ALL);",
+        )
+        .expect("the tenants' outboxes");
+    pg
+}
+
+/// Shared defaults (route by `type`), tenant_b with a topic of its own.
+fn config(pg: &PgCluster) -> String {
+    format!(
+        "[postgres]\nurl = \"{}\"\nslot = \"{SLOT}\"\npublication = \"outbox_relay\"\nstatus_interval_ms = 200\n\
+         [outbox_defaults]\nroute_by_column = \"type\"\ntopic = \"shared.${{routedByValue}}\"\n\
+         [[outbox]]\ntable = \"public.outbox\"\n\
+         [[outbox]]\ntable = \"tenant_a.outbox\"\n\
+         [[outbox]]\ntable = \"tenant_b.outbox\"\ntopic = \"b.${{routedByValue}}\"\n\
+         [sink]\ntype = \"stdout\"\n",
+        pg.url("postgres", None, "app")
+    )
+}
+
+/// Inserts one event into `table` in its own transaction; its id.
+fn insert(pg: &PgCluster, table: &str, kind: &str) -> String {
+    pg.client_db("app")
+        .query_one(
+            &format!(
+                "INSERT INTO {table} (aggregatetype, aggregateid, type, payload)
+                 VALUES ('order', 'o-1', $1, '{{}}') RETURNING id::text"
+            ),
+            &[&kind],
+        )
+        .unwrap_or_else(|e| panic!("inserting into {table}: {e}"))
+        .get(0)
+}
+
+/// Event id → topic of stdout-sink lines.
+fn topics(lines: &[String]) -> BTreeMap<String, String> {
+    lines
+        .iter()
+        .map(|line| {
+            let event: Value = serde_json::from_str(line).expect("a JSON line");
+            (
+                event["headers"]["id"].as_str().expect("an id").to_owned(),
+                event["topic"].as_str().expect("a topic").to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn count(pg: &PgCluster, sql: &str) -> i64 {
+    pg.client_db("app").query_one(sql, &[]).expect(sql).get(0)
+}
+
+#[test]
+fn three_outboxes_stream_through_one_slot_each_routed_by_its_own_rules() {
+    let pg = cluster_with_three_outboxes();
+    let (config, port) = with_metrics(&config(&pg));
+    let relay = RelayProcess::start(&config);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+
+    // The relay made one publication of the three tables and one slot.
+    assert_eq!(
+        count(
+            &pg,
+            "SELECT count(*) FROM pg_publication_tables WHERE pubname = 'outbox_relay'"
+        ),
+        3
+    );
+    assert_eq!(count(&pg, "SELECT count(*) FROM pg_replication_slots"), 1);
+
+    let mut expected = BTreeMap::new();
+    expected.insert(
+        insert(&pg, TABLES[0], "Created"),
+        "shared.Created".to_owned(),
+    );
+    expected.insert(insert(&pg, TABLES[1], "Paid"), "shared.Paid".to_owned());
+    expected.insert(insert(&pg, TABLES[2], "Shipped"), "b.Shipped".to_owned());
+    // One transaction writing to two outboxes: both events, each by its table's rules.
+    let mut client = pg.client_db("app");
+    let mut txn = client.transaction().unwrap();
+    let a: String = txn
+        .query_one(
+            "INSERT INTO tenant_a.outbox (aggregatetype, aggregateid, type, payload)
+             VALUES ('order', 'o-2', 'Refunded', '{}') RETURNING id::text",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let b: String = txn
+        .query_one(
+            "INSERT INTO tenant_b.outbox (aggregatetype, aggregateid, type, payload)
+             VALUES ('order', 'o-2', 'Refunded', '{}') RETURNING id::text",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    txn.commit().unwrap();
+    expected.insert(a, "shared.Refunded".to_owned());
+    expected.insert(b, "b.Refunded".to_owned());
+
+    let lines = relay.wait_for_lines(expected.len(), WAIT);
+    assert_eq!(
+        topics(&lines),
+        expected,
+        "every event, by its table's rules"
+    );
+
+    // One WAL sender decodes for all three tables.
+    assert_eq!(
+        count(
+            &pg,
+            "SELECT count(*) FROM pg_stat_replication WHERE application_name LIKE 'outbox-relay%'"
+        ),
+        1
+    );
+    for (table, events) in [(TABLES[0], 1), (TABLES[1], 2), (TABLES[2], 2)] {
+        relay.wait_metric(
+            port,
+            &format!("outbox_relay_outbox_events_total{{outbox=\"{table}\"}}"),
+            "the events read from each outbox table",
+            WAIT,
+            |n| n == events,
+        );
+    }
+
+    // slot status lists every table as published.
+    let (status, stdout, stderr) = support::relay::run_command(&["slot", "status"], &config, WAIT);
+    assert!(status.success(), "{stderr}");
+    for table in TABLES {
+        assert!(stdout.contains(&format!("{table} (published)")), "{stdout}");
+    }
+}
+
+#[test]
+fn a_table_leaving_the_publication_stops_the_relay_naming_it_and_backfill_sends_its_rows() {
+    let pg = cluster_with_three_outboxes();
+    let config = config(&pg);
+    let relay = RelayProcess::start(&config);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+    let first = insert(&pg, TABLES[2], "Created");
+    let after_first = pg.current_wal_lsn();
+    assert_eq!(topics(&relay.wait_for_lines(1, WAIT)).len(), 1);
+    support::wait_until("the first row is acknowledged", WAIT, || {
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= after_first
+    });
+
+    pg.client_db("app")
+        .batch_execute("ALTER PUBLICATION outbox_relay DROP TABLE tenant_b.outbox")
+        .unwrap();
+    let after_change = pg.current_wal_lsn();
+    let unseen = insert(&pg, TABLES[2], "Lost");
+    // The other tables still stream until the watch sees the change; traffic elsewhere
+    // moves the WAL on.
+    insert(&pg, TABLES[0], "Other");
+
+    let status = relay.wait_exit(WAIT);
+    assert!(!status.success(), "the relay stops");
+    let stderr = plain(&relay.stderr());
+    assert!(
+        stderr.contains("removed from the publication"),
+        "names the change: {stderr}"
+    );
+    assert!(
+        stderr.contains("ALTER PUBLICATION \"outbox_relay\" ADD TABLE \"tenant_b\".\"outbox\""),
+        "gives the repair for that table: {stderr}"
+    );
+    let confirmed = pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(u64::MAX);
+    assert!(
+        confirmed <= after_change,
+        "acknowledged {} past the change at {}",
+        support::u64_to_lsn(confirmed),
+        support::u64_to_lsn(after_change)
+    );
+    drop(relay);
+
+    // check says what is wrong before a restart.
+    let (status, stdout, stderr) = support::relay::run_command(&["check"], &config, WAIT);
+    assert!(!status.success(), "check fails: {stdout}{stderr}");
+    let said = plain(&format!("{stdout}{stderr}"));
+    assert!(
+        said.contains("does not include the outbox table tenant_b.outbox"),
+        "{said}"
+    );
+    assert!(
+        said.contains("outbox[2].table"),
+        "every table checked: {said}"
+    );
+
+    // The repair, then the backfill of that one table: its rows only, the unseen one too.
+    pg.client_db("app")
+        .batch_execute("ALTER PUBLICATION outbox_relay ADD TABLE tenant_b.outbox")
+        .unwrap();
+    let (status, stdout, stderr) = support::relay::run_command(
+        &[
+            "backfill",
+            "--since",
+            "-infinity",
+            "--table",
+            "tenant_b.outbox",
+        ],
+        &config,
+        WAIT,
+    );
+    assert!(status.success(), "{stderr}");
+    let lines: Vec<String> = stdout.lines().map(str::to_owned).collect();
+    let sent = topics(&lines);
+    assert_eq!(
+        sent.keys().cloned().collect::<Vec<_>>(),
+        {
+            let mut ids = vec![first, unseen];
+            ids.sort();
+            ids
+        },
+        "tenant_b's rows, and only those"
+    );
+    assert!(
+        sent.values().all(|topic| topic.starts_with("b.")),
+        "{sent:?}"
+    );
+    assert!(
+        plain(&stderr).contains("read from tenant_b.outbox"),
+        "{stderr}"
+    );
+
+    // A table that is not one of the relay's is refused by name.
+    let (status, _, stderr) = support::relay::run_command(
+        &[
+            "backfill",
+            "--since",
+            "-infinity",
+            "--table",
+            "tenant_c.outbox",
+        ],
+        &config,
+        WAIT,
+    );
+    assert!(!status.success());
+    assert!(
+        plain(&stderr)
+            .contains("--table tenant_c.outbox is not an outbox table of this configuration"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn init_sets_up_every_table_and_the_relay_runs_on_it() {
+    let pg = cluster_with_app_db();
+    let config = format!(
+        "[postgres]\nurl = \"{}\"\nslot = \"{SLOT}\"\npublication = \"outbox_relay\"\nstatus_interval_ms = 200\n\
+         [[outbox]]\ntable = \"tenant_a.outbox\"\n[[outbox]]\ntable = \"tenant_b.outbox\"\n",
+        pg.url("outbox_relay", None, "app")
+    );
+    let admin = pg.url("postgres", None, "app");
+    let (status, _, stderr) =
+        support::relay::run_command(&["init", "--apply", "--admin-url", &admin], &config, WAIT);
+    assert!(status.success(), "{stderr}");
+    let (status, stdout, stderr) = support::relay::run_command(&["check"], &config, WAIT);
+    assert!(status.success(), "{stdout}{stderr}");
+    let relay = RelayProcess::start(&config);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+    // As the application role, which may only insert.
+    let mut app = postgres::Config::new()
+        .host("127.0.0.1")
+        .port(pg.port())
+        .user("app_writer")
+        .dbname("app")
+        .connect(postgres::NoTls)
+        .expect("connecting as app_writer");
+    let mut ids = Vec::new();
+    for table in ["tenant_a.outbox", "tenant_b.outbox"] {
+        let id: String = app
+            .query_one("SELECT gen_random_uuid()::text", &[])
+            .unwrap()
+            .get(0);
+        app.execute(
+            &format!(
+                "INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload) VALUES ($1::text::uuid, 'order', 'a', 'T', '{{}}')"
+            ),
+            &[&id],
+        )
+        .unwrap_or_else(|e| panic!("inserting into {table} as app_writer: {e}"));
+        ids.push(id);
+    }
+    let lines = relay.wait_for_lines(2, WAIT);
+    let mut seen: Vec<String> = topics(&lines).into_keys().collect();
+    seen.sort();
+    ids.sort();
+    assert_eq!(seen, ids);
+}
