@@ -116,9 +116,9 @@ pub struct Metrics {
     /// Events sent to the dead-letter topic, per the topic they were routed to (`""`
     /// when routing failed).
     pub dead_lettered_by_topic: TopicCounts,
-    /// Events read from each outbox table, by the table's place in the configuration
-    /// (its labels are the configured tables: bounded by the configuration). Set once,
-    /// when the relay starts ([`Metrics::name_outboxes`]).
+    /// Events read from each outbox entry of the configuration, by its place there (its
+    /// labels are the configured tables and patterns: bounded by the configuration). Set
+    /// once, when the relay starts ([`Metrics::name_outboxes`]).
     pub events_by_outbox: std::sync::OnceLock<Vec<(String, AtomicU64)>>,
     pub health: Health,
 }
@@ -191,12 +191,12 @@ impl Metrics {
         );
     }
 
-    /// Counts an event of the outbox at `index` (a message's record has none).
-    pub fn add_outbox_event(&self, index: u32) {
+    /// Counts an event of the configuration's outbox entry `entry`.
+    pub fn add_outbox_event(&self, entry: usize) {
         let counter = self
             .events_by_outbox
             .get()
-            .and_then(|counters| counters.get(usize::try_from(index).ok()?));
+            .and_then(|counters| counters.get(entry));
         if let Some((_, counter)) = counter {
             counter.fetch_add(1, Ordering::Relaxed);
         }

@@ -309,3 +309,183 @@ fn init_sets_up_every_table_and_the_relay_runs_on_it() {
     ids.sort();
     assert_eq!(seen, ids);
 }
+
+#[test]
+fn a_pattern_relays_every_tenant_table_including_ones_created_while_it_runs() {
+    let pg = cluster_with_app_db();
+    let mut client = pg.client_db("app");
+    client.batch_execute(OUTBOX_SQL).expect("public.outbox");
+    for tenant in ["tenant_1", "tenant_2"] {
+        client
+            .batch_execute(&format!(
+                "CREATE SCHEMA {tenant}; CREATE TABLE {tenant}.outbox (LIKE public.outbox INCLUDING ALL);"
+            ))
+            .unwrap();
+    }
+    let (config, port) = with_metrics(&format!(
+        "[postgres]\nurl = \"{}\"\nslot = \"{SLOT}\"\npublication = \"outbox_relay\"\nstatus_interval_ms = 200\n\
+         [[outbox]]\ntable = \"public.outbox\"\n\
+         [[outbox]]\ntable = \"tenant_*.outbox\"\ntopic = \"tenants.${{routedByValue}}\"\n\
+         [sink]\ntype = \"stdout\"\n",
+        pg.url("postgres", None, "app")
+    ));
+    let relay = RelayProcess::start(&config);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+    let published = |table: &str| {
+        let (schema, name) = table.split_once('.').unwrap();
+        count(
+            &pg,
+            &format!(
+                "SELECT count(*) FROM pg_publication_tables WHERE pubname = 'outbox_relay' AND schemaname = '{schema}' AND tablename = '{name}'"
+            ),
+        ) == 1
+    };
+    assert!(published("tenant_1.outbox") && published("tenant_2.outbox"));
+
+    let mut expected = BTreeMap::new();
+    expected.insert(
+        insert(&pg, "tenant_1.outbox", "T"),
+        "tenants.order".to_owned(),
+    );
+    expected.insert(
+        insert(&pg, "public.outbox", "T"),
+        "outbox.event.order".to_owned(),
+    );
+
+    // A tenant provisioned while the relay runs, with a row written before the relay
+    // could know of the table: the watch adds the table to the publication, its later
+    // rows are streamed, and the earlier one is not (backfill sends it).
+    let mut provisioning = pg.client_db("app");
+    provisioning
+        .batch_execute(
+            "CREATE SCHEMA tenant_3; CREATE TABLE tenant_3.outbox (LIKE public.outbox INCLUDING ALL);",
+        )
+        .unwrap();
+    let early: String = provisioning
+        .query_one(
+            "INSERT INTO tenant_3.outbox (aggregatetype, aggregateid, type, payload)
+             VALUES ('order', 'o-0', 'Early', '{}') RETURNING id::text",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    support::wait_until(
+        "the relay adds tenant_3.outbox to the publication",
+        WAIT,
+        || published("tenant_3.outbox"),
+    );
+    expected.insert(
+        insert(&pg, "tenant_3.outbox", "T"),
+        "tenants.order".to_owned(),
+    );
+    let lines = relay.wait_for_lines(expected.len(), WAIT);
+    assert_eq!(
+        topics(&lines),
+        expected,
+        "every table's events, by its entry's rules"
+    );
+    assert!(
+        !topics(&relay.lines()).contains_key(&early),
+        "a row committed before its table joined the publication is not in the stream"
+    );
+    let stderr = plain(&relay.stderr());
+    assert!(stderr.contains("joined the publication"), "{stderr}");
+    assert!(
+        stderr.contains("backfill --since -infinity --table tenant_3.outbox"),
+        "the log says how the earlier rows are sent: {stderr}"
+    );
+
+    // A tenant offboarded: its table dropped. The relay goes on with the others.
+    pg.client_db("app")
+        .batch_execute("DROP SCHEMA tenant_1 CASCADE")
+        .unwrap();
+    let later = insert(&pg, "tenant_2.outbox", "T");
+    support::wait_until("tenant_2's row after the drop arrives", WAIT, || {
+        topics(&relay.lines()).contains_key(&later)
+    });
+    support::wait_until("the watch saw the drop", WAIT, || {
+        plain(&relay.stderr()).contains("was dropped")
+    });
+    let after = insert(&pg, "tenant_3.outbox", "T");
+    support::wait_until("a row after the drop was seen arrives", WAIT, || {
+        topics(&relay.lines()).contains_key(&after)
+    });
+    assert_eq!(relay.exit_status(), None, "the relay runs on");
+    relay.wait_metric(
+        port,
+        "outbox_relay_outbox_events_total{outbox=\"tenant_*.outbox\"}",
+        "the pattern's events, under the pattern's label",
+        WAIT,
+        |n| n == 4,
+    );
+
+    // The backfill of the new tenant's table sends the early row.
+    let (status, stdout, stderr) = support::relay::run_command(
+        &[
+            "backfill",
+            "--since",
+            "-infinity",
+            "--table",
+            "tenant_3.outbox",
+        ],
+        &config,
+        WAIT,
+    );
+    assert!(status.success(), "{stderr}");
+    let sent = topics(&stdout.lines().map(str::to_owned).collect::<Vec<_>>());
+    assert!(sent.contains_key(&early), "{stdout}");
+    // Every table the pattern matches now, and the listed one, in slot status.
+    let (status, stdout, _) = support::relay::run_command(&["slot", "status"], &config, WAIT);
+    assert!(status.success());
+    for table in ["public.outbox", "tenant_2.outbox", "tenant_3.outbox"] {
+        assert!(stdout.contains(&format!("{table} (published)")), "{stdout}");
+    }
+    assert!(!stdout.contains("tenant_1.outbox"), "{stdout}");
+}
+
+#[test]
+fn a_tenant_table_the_relay_may_not_publish_stops_it_with_the_statement_to_run() {
+    let pg = cluster_with_app_db();
+    pg.client_db("app")
+        .batch_execute(
+            "CREATE ROLE relay LOGIN REPLICATION;
+             GRANT CREATE ON DATABASE app TO relay;
+             GRANT USAGE, CREATE ON SCHEMA public TO relay;",
+        )
+        .unwrap();
+    // Only a pattern, none of whose tables exists yet: a publication without tables.
+    let config = format!(
+        "[postgres]\nurl = \"{}\"\nslot = \"{SLOT}\"\npublication = \"outbox_relay\"\nstatus_interval_ms = 200\n\
+         [[outbox]]\ntable = \"tenant_*.outbox\"\n[sink]\ntype = \"stdout\"\n",
+        pg.url("relay", None, "app")
+    );
+    let relay = RelayProcess::start(&config);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+    // A tenant provisioned by a role the relay's is not: the relay cannot add its table.
+    pg.client_db("app")
+        .batch_execute(
+            "CREATE SCHEMA tenant_1; CREATE TABLE tenant_1.outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+               aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload jsonb);",
+        )
+        .unwrap();
+    let status = relay.wait_exit(WAIT);
+    assert!(!status.success(), "the relay stops");
+    let stderr = plain(&relay.stderr());
+    assert!(
+        stderr.contains("ALTER PUBLICATION \"outbox_relay\" ADD TABLE \"tenant_1\".\"outbox\"` as the owner of tenant_1.outbox"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("backfill --since -infinity --table tenant_1.outbox"),
+        "{stderr}"
+    );
+    // Done as the message says, the relay starts and streams the tenant's rows.
+    pg.client_db("app")
+        .batch_execute("ALTER PUBLICATION outbox_relay ADD TABLE tenant_1.outbox")
+        .unwrap();
+    drop(relay);
+    let relay = RelayProcess::start(&config);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+    let id = insert(&pg, "tenant_1.outbox", "T");
+    assert!(topics(&relay.wait_for_lines(1, WAIT)).contains_key(&id));
+}

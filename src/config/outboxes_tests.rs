@@ -133,3 +133,59 @@ fn a_wrong_type_in_an_entry_names_its_key() {
     // Not the first entry's line: the path does not say which entry it was.
     assert!(!err.contains("line 4"), "{err}");
 }
+
+#[test]
+fn a_star_in_the_schema_makes_a_pattern_and_overlaps_are_refused() {
+    let v = load(
+        &format!(
+            "{BASE}[[outbox]]\ntable = \"public.outbox\"\n[[outbox]]\ntable = \"tenant_*.outbox\"\ntopic = \"t.${{routedByValue}}\"\n"
+        ),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        v.tables(),
+        vec![QualifiedName::parse("public.outbox").unwrap()]
+    );
+    let patterns = v.patterns();
+    assert_eq!(patterns.len(), 1);
+    assert_eq!(patterns[0].to_string(), "tenant_*.outbox");
+    let tenant = QualifiedName::parse("tenant_9.outbox").unwrap();
+    assert_eq!(v.entry_of(&tenant), Some(1));
+    assert_eq!(
+        v.entry_of(&QualifiedName::parse("public.outbox").unwrap()),
+        Some(0)
+    );
+    assert_eq!(
+        v.entry_of(&QualifiedName::parse("tenant_9.other").unwrap()),
+        None
+    );
+    assert_eq!(v.entry_names(), ["public.outbox", "tenant_*.outbox"]);
+    let spec = v.source();
+    assert_eq!(spec.tables_shown(), "public.outbox, tenant_*.outbox");
+    assert!(spec.from_pattern(&tenant));
+
+    let err = load(
+        &format!("{BASE}[[outbox]]\ntable = \"tenant_1.outbox\"\n[[outbox]]\ntable = \"tenant_*.outbox\"\n"),
+        &[],
+    )
+    .unwrap_err();
+    assert!(err.contains("outbox[1].table"), "{err}");
+    assert!(err.contains("listed once"), "{err}");
+    let err = load(
+        &format!("{BASE}[[outbox]]\ntable = \"tenant_1.out*\"\n"),
+        &[],
+    )
+    .unwrap_err();
+    assert!(err.contains("only the schema may be a pattern"), "{err}");
+    // Only a pattern: the state table goes to public.
+    let v = load(
+        &format!("{BASE}[[outbox]]\ntable = \"tenant_*.outbox\"\n"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(v.state_table.to_string(), "public.outbox_relay_state");
+    // A quoted schema is a name, whatever it holds.
+    let v = load(&format!("{BASE}[outbox]\ntable = '\"odd*\".outbox'\n"), &[]).unwrap();
+    assert!(v.patterns().is_empty());
+}

@@ -23,9 +23,14 @@ impl Config {
         // The state table's schema and the tables it must not be: the outbox tables, or
         // for a messages-only relay the one it names.
         let tables: Option<Vec<_>> = match (&outboxes, &self.outbox) {
-            (Some(outboxes), _) if !outboxes.is_empty() => {
-                Some(outboxes.iter().map(|o| o.table.clone()).collect())
-            }
+            // A pattern's schema is no schema: the listed tables only (none: `public`).
+            (Some(outboxes), _) if !outboxes.is_empty() => Some(
+                outboxes
+                    .iter()
+                    .filter(|o| o.pattern.is_none())
+                    .map(|o| o.table.clone())
+                    .collect(),
+            ),
             (_, OutboxSection::One(one)) => QualifiedName::parse(&one.table).ok().map(|t| vec![t]),
             (_, OutboxSection::Many(_)) => None,
         };

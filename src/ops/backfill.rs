@@ -53,24 +53,32 @@ impl BackfillReport {
     }
 }
 
-/// Which outbox tables `--table` asks for: every one, or the named one (which must be
-/// one of the relay's).
+/// Which outbox tables `--table` asks for: every one (`tables`: the configuration's,
+/// and those its patterns match now), or the named one (which must be one of the
+/// relay's: listed, or matched by a pattern); each with its entry's settings.
 pub fn chosen<'a>(
     settings: &'a Settings,
+    tables: Vec<QualifiedName>,
     table: Option<&str>,
-) -> Result<Vec<&'a OutboxSettings>, RelayError> {
+) -> Result<Vec<(QualifiedName, &'a OutboxSettings)>, RelayError> {
     if settings.outboxes.is_empty() {
         return Err(definite(
             "this relay has no outbox table ([outbox] enabled = false): there is nothing to backfill",
         ));
     }
     let Some(name) = table else {
-        return Ok(settings.outboxes.iter().collect());
+        return Ok(tables
+            .into_iter()
+            .filter_map(|table| {
+                let outbox = settings.outbox(&table)?;
+                Some((table, outbox))
+            })
+            .collect());
     };
     let wanted =
         QualifiedName::parse(name).map_err(|e| definite(format!("--table {name:?}: {e}")))?;
     match settings.outbox(&wanted) {
-        Some(outbox) => Ok(vec![outbox]),
+        Some(outbox) => Ok(vec![(wanted, outbox)]),
         None => Err(definite(format!(
             "--table {wanted} is not an outbox table of this configuration; its tables are {}",
             settings.source().tables_shown()
@@ -87,7 +95,11 @@ pub async fn backfill(
     column: &str,
     table: Option<&str>,
 ) -> Result<BackfillReport, RelayError> {
-    let outboxes = chosen(settings, table)?;
+    let mut conn = PgConnection::connect(&settings.connect, SessionKind::Sql).await?;
+    let tables = crate::pg::slot::resolve_tables(&mut conn, &settings.source())
+        .await?
+        .tables;
+    let outboxes = chosen(settings, tables, table)?;
     let (notice_tx, notices) = mpsc::unbounded_channel();
     let sink = settings.sink.build(
         notice_tx,
@@ -116,11 +128,10 @@ pub async fn backfill(
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
     };
-    let mut conn = PgConnection::connect(&settings.connect, SessionKind::Sql).await?;
     conn.simple_query("BEGIN READ ONLY").await?;
-    for outbox in outboxes {
-        run.report.tables.push(outbox.table.to_string());
-        run.table(&mut conn, outbox, (since, column), settings)
+    for (table, outbox) in outboxes {
+        run.report.tables.push(table.to_string());
+        run.table(&mut conn, (&table, outbox), (since, column), settings)
             .await?;
     }
     conn.simple_query("COMMIT").await?;
@@ -146,11 +157,10 @@ impl Run {
     async fn table(
         &mut self,
         conn: &mut PgConnection,
-        outbox: &OutboxSettings,
+        (table, outbox): (&QualifiedName, &OutboxSettings),
         (since, column): (&str, &str),
         settings: &Settings,
     ) -> Result<(), RelayError> {
-        let table = &outbox.table;
         let router = &outbox.router;
         let declare = format!(
             "DECLARE outbox_backfill NO SCROLL CURSOR FOR SELECT * FROM {} WHERE {} >= {}::timestamptz ORDER BY {}",

@@ -122,7 +122,10 @@ pub async fn cleanup(
     // Every outbox table's leaves (the table itself, or its partitions), with the
     // upper bound of a range partition.
     let mut leaves: Vec<(QualifiedName, Option<String>)> = Vec::new();
-    for table in settings.tables() {
+    let tables = crate::pg::slot::resolve_tables(&mut conn, &spec)
+        .await?
+        .tables;
+    for table in tables {
         let found = conn.simple_query(&cleanup_sql::leaves_sql(&table)).await?;
         for row in 0..found.rows.len() {
             let leaf = QualifiedName {

@@ -27,6 +27,11 @@ pub fn init_script(
         relay_role: relay_role.to_owned(),
         app_role: app_role.to_owned(),
         messages: settings.messages.is_some(),
+        patterns: settings
+            .patterns()
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
     })
 }
 

@@ -32,6 +32,9 @@ pub struct InitSpec {
     pub app_role: String,
     /// The table-less outbox is relayed (`[messages]`).
     pub messages: bool,
+    /// Schema-per-tenant patterns (`tenant_*.outbox`): their tables are made by each
+    /// tenant's provisioning, not here; the script says what that must grant.
+    pub patterns: Vec<String>,
 }
 
 impl InitSpec {
@@ -53,7 +56,7 @@ pub fn setup_sql(spec: &InitSpec) -> String {
     let app = quote_ident(&spec.app_role);
     let mut sql = String::new();
     if spec.tables.is_empty() {
-        return table_less_sql(spec);
+        return table_less_sql(spec) + &patterns_sql(spec);
     }
     let shown: Vec<String> = spec.tables.iter().map(ToString::to_string).collect();
     let tables: Vec<String> = spec.tables.iter().map(QualifiedName::quoted).collect();
@@ -127,12 +130,35 @@ pub fn setup_sql(spec: &InitSpec) -> String {
     if spec.messages {
         sql.push_str(&emit_message_grants_sql(&spec.app_role));
     }
+    sql.push_str(&patterns_sql(spec));
     sql.push_str(&format!(
         "\n-- Set the passwords (not kept in this script):\n\
          --   ALTER ROLE {relay} PASSWORD '...';\n\
          --   ALTER ROLE {app} PASSWORD '...';\n"
     ));
     sql
+}
+
+/// What each tenant's provisioning must do for a pattern's tables: nothing is created
+/// here (the schemas do not exist yet).
+fn patterns_sql(spec: &InitSpec) -> String {
+    if spec.patterns.is_empty() {
+        return String::new();
+    }
+    let publication = quote_ident(&spec.publication);
+    let relay = quote_ident(&spec.relay_role);
+    let app = quote_ident(&spec.app_role);
+    format!(
+        "\n-- Tables of {}: each tenant's provisioning creates its table and, in the same\n\
+         -- transaction, publishes it and grants the roles (the relay adds a new table to the\n\
+         -- publication itself only when its role owns the table):\n\
+         --   CREATE TABLE <schema>.<table> (LIKE <an outbox> INCLUDING ALL);\n\
+         --   ALTER PUBLICATION {publication} ADD TABLE <schema>.<table>;\n\
+         --   GRANT USAGE ON SCHEMA <schema> TO {relay}, {app};\n\
+         --   GRANT SELECT ON <schema>.<table> TO {relay};\n\
+         --   GRANT INSERT ON <schema>.<table> TO {app};\n",
+        spec.patterns.join(", ")
+    )
 }
 
 /// Takeover from a silent relay: a waiting instance reads the streaming walsender's
@@ -152,8 +178,26 @@ fn takeover_grant_sql(relay_role: &str) -> String {
 fn table_less_sql(spec: &InitSpec) -> String {
     let relay = quote_ident(&spec.relay_role);
     let app = quote_ident(&spec.app_role);
+    // Only patterns: their tables come later, with each tenant (patterns_sql).
+    let (what, writes, grants) = if spec.patterns.is_empty() {
+        (
+            "without an outbox table (messages only)",
+            "writes events with pg_logical_emit_message",
+            emit_message_grants_sql(&spec.app_role),
+        )
+    } else {
+        (
+            "for outbox tables that tenants' provisioning creates",
+            "writes events into the tenants' outbox tables",
+            if spec.messages {
+                emit_message_grants_sql(&spec.app_role)
+            } else {
+                String::new()
+            },
+        )
+    };
     format!(
-        "-- outbox-relay set-up without an outbox table (messages only): safe to run again.\n\n\
+        "-- outbox-relay set-up {what}: safe to run again.\n\n\
          -- The relay's record of its slot (a lost slot is never silently replaced).\n{};\n\n\
          -- No table: pgoutput needs a publication to start; messages are not filtered by it.\n\
          DO $$ BEGIN\n  IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = {}) THEN\n    \
@@ -161,7 +205,7 @@ fn table_less_sql(spec: &InitSpec) -> String {
          -- The relay: streams the WAL (REPLICATION), keeps its record.\n{}\n\
          GRANT USAGE ON SCHEMA {} TO {relay};\n\
          GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {relay};\n{}\n\
-         -- The application: writes events with pg_logical_emit_message.\n{}\n{}\n\
+         -- The application: {writes}.\n{}\n{}\n\
          -- Set the passwords (not kept in this script):\n\
          --   ALTER ROLE {relay} PASSWORD '...';\n\
          --   ALTER ROLE {app} PASSWORD '...';\n",
@@ -173,7 +217,7 @@ fn table_less_sql(spec: &InitSpec) -> String {
         spec.state_table.quoted(),
         takeover_grant_sql(&spec.relay_role),
         create_role_sql(&spec.app_role, "LOGIN"),
-        emit_message_grants_sql(&spec.app_role),
+        grants,
     )
 }
 
@@ -252,6 +296,7 @@ mod tests {
             relay_role: "outbox_relay".into(),
             app_role: "app_writer".into(),
             messages: false,
+            patterns: Vec::new(),
         }
     }
 
@@ -354,6 +399,36 @@ mod tests {
             1,
             "{sql}"
         );
+    }
+
+    #[test]
+    fn a_pattern_is_left_to_the_tenants_provisioning_with_what_it_must_run() {
+        let mut tenants = spec(false);
+        tenants.tables.clear();
+        tenants.patterns = vec!["tenant_*.outbox".into()];
+        let sql = setup_sql(&tenants);
+        assert!(
+            sql.contains("for outbox tables that tenants' provisioning creates"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("CREATE PUBLICATION \"outbox_relay\" WITH (publish = 'insert');"),
+            "{sql}"
+        );
+        assert!(sql.contains("Tables of tenant_*.outbox"), "{sql}");
+        assert!(
+            sql.contains("ALTER PUBLICATION \"outbox_relay\" ADD TABLE <schema>.<table>;"),
+            "{sql}"
+        );
+        assert!(!sql.contains("pg_logical_emit_message"), "{sql}");
+        // With a listed table too: its set-up, then the note.
+        tenants.tables = vec![QualifiedName::parse("public.outbox").unwrap()];
+        let sql = setup_sql(&tenants);
+        assert!(
+            sql.contains("FOR TABLE \"public\".\"outbox\" WITH"),
+            "{sql}"
+        );
+        assert!(sql.contains("Tables of tenant_*.outbox"), "{sql}");
     }
 
     #[test]

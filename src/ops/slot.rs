@@ -113,8 +113,9 @@ pub async fn slot_status(settings: &Settings) -> Result<SlotStatus, RelayError> 
     let record = state::read(&mut conn, &spec.state_table, &spec.slot)
         .await
         .unwrap_or_default();
-    let mut tables = Vec::with_capacity(spec.tables.len());
-    for table in &spec.tables {
+    let resolved = crate::pg::slot::resolve_tables(&mut conn, &spec).await?;
+    let mut tables = Vec::with_capacity(resolved.tables.len());
+    for table in &resolved.tables {
         let published = conn
             .simple_query(&format!(
                 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables \

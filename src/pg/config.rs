@@ -167,13 +167,16 @@ impl PostgresConfig {
                 ));
             }
         }
-        // By default beside the (first) outbox table.
-        let state_table = match (&self.state_table, tables.and_then(<[_]>::first)) {
+        // By default beside the (first) outbox table; in `public` when only patterns
+        // name the outboxes.
+        let state_table = match (&self.state_table, tables) {
             (Some(name), _) => QualifiedName::parse(name)
                 .map_err(|e| problems.push(format!("postgres.state_table: {e}")))
                 .ok(),
-            (None, Some(table)) => Some(QualifiedName {
-                schema: table.schema.clone(),
+            (None, Some(tables)) => Some(QualifiedName {
+                schema: tables
+                    .first()
+                    .map_or_else(|| "public".to_owned(), |table| table.schema.clone()),
                 name: DEFAULT_STATE_TABLE.to_owned(),
             }),
             (None, None) => None,

@@ -50,22 +50,20 @@ pub fn identities_query(publication: &str, tables: &[QualifiedName]) -> String {
 }
 
 fn identity_query(publication: &str, table: Option<&QualifiedName>, ord: usize) -> String {
-    let (table_literal, schema_literal, name_literal) = match table {
-        Some(table) => (
-            quote_literal(&table.quoted()),
-            quote_literal(&table.schema),
-            quote_literal(&table.name),
-        ),
-        None => (
-            "NULL::text".to_owned(),
-            "NULL".to_owned(),
-            "NULL".to_owned(),
-        ),
+    let (schema_literal, name_literal) = match table {
+        Some(table) => (quote_literal(&table.schema), quote_literal(&table.name)),
+        None => ("NULL".to_owned(), "NULL".to_owned()),
     };
+    // The relation id by catalog look-up, not to_regclass: that one needs USAGE on the
+    // schema, which a relay role need not have for every tenant's schema.
+    let relation = format!(
+        "(SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+           WHERE n.nspname = {schema_literal} AND c.relname = {name_literal})"
+    );
     let publication_literal = quote_literal(publication);
     format!(
         "SELECT {ord} AS ord, \
-                pg_catalog.to_regclass({table_literal})::oid AS table_oid, \
+                {relation} AS table_oid, \
                 p.oid AS publication_oid, \
                 p.pubinsert AS publishes_insert, \
                 coalesce((pg_catalog.to_jsonb(p) ->> 'pubviaroot')::boolean, false) AS via_root, \
@@ -73,7 +71,7 @@ fn identity_query(publication: &str, table: Option<&QualifiedName>, ord: usize) 
                 (SELECT pg_catalog.string_agg(pr.oid::text, ',' ORDER BY pr.oid) \
                    FROM pg_catalog.pg_publication_rel pr \
                   WHERE pr.prpubid = p.oid \
-                    AND pr.prrelid = pg_catalog.to_regclass({table_literal})) AS membership, \
+                    AND pr.prrelid = {relation}) AS membership, \
                 EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables t \
                          WHERE t.pubname = p.pubname AND t.schemaname = {schema_literal} \
                            AND t.tablename = {name_literal}) AS published \
@@ -399,12 +397,12 @@ mod tests {
         let sql = identities_query("pub'x", &[table, other]);
         assert!(sql.contains("'pub''x'"), "{sql}");
         assert!(
-            sql.contains("to_regclass('\"public\".\"outbox\"')"),
+            sql.contains("WHERE n.nspname = 'public' AND c.relname = 'outbox'"),
             "{sql}"
         );
         assert!(sql.contains("SELECT 1 AS ord"), "{sql}");
         assert!(sql.ends_with("ORDER BY ord"), "{sql}");
         let alone = identities_query("p", &[]);
-        assert!(alone.contains("to_regclass(NULL::text)"), "{alone}");
+        assert!(alone.contains("n.nspname = NULL"), "{alone}");
     }
 }

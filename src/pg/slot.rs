@@ -15,7 +15,7 @@ pub use crate::pg::source::{OutboxRelation, SourceSpec};
 use crate::pg::sql::{quote_ident, quote_literal};
 use crate::pg::state;
 use crate::Lsn;
-pub use publication::create_publication_sql;
+pub use publication::{create_publication_sql, join_publication, matching_tables, resolve_tables};
 use publication::{ensure_publication, outbox_relations};
 
 /// PostgreSQL 14 (`server_version_num`) brought pgoutput's `messages` option.
@@ -101,6 +101,8 @@ pub async fn prepare(
         )));
     }
 
+    // The tables the patterns match now join the spec's own.
+    let spec = &publication::resolve_tables(conn, spec).await?;
     let outboxes = outbox_relations(conn, spec, &server_version, version_num).await?;
     let partitioned = outboxes.iter().any(|o| o.partitioned);
 
@@ -166,6 +168,7 @@ pub async fn ensure_publication_for_slot(
 ) -> Result<bool, SetupError> {
     let server_version = server_version_text(conn);
     let version_num = server_version_num(conn).await?;
+    let spec = &publication::resolve_tables(conn, spec).await?;
     let partitioned = outbox_relations(conn, spec, &server_version, version_num)
         .await?
         .iter()
@@ -384,6 +387,7 @@ mod tests {
             slot: "s\"lot".into(),
             publication: "pub'x".into(),
             tables: vec![QualifiedName::parse("public.outbox").unwrap()],
+            patterns: Vec::new(),
             state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
             failover: true,
             messages: false,

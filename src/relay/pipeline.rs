@@ -119,9 +119,6 @@ pub(super) struct Pipeline<S = PgConnection> {
     dead_letter_topic: Option<String>,
     /// The outbox tables (for the repair advice when the watch sees a change).
     tables: Vec<QualifiedName>,
-    /// Their names by [`OutboxEvent::outbox`](crate::event::OutboxEvent::outbox), for
-    /// dead-letter headers.
-    source_tables: Vec<String>,
     /// The publication streamed from, to recognise notices about it (and for the
     /// repair advice when the watch sees a change).
     publication: String,
@@ -226,7 +223,6 @@ impl<S: ReplicationStream> Pipeline<S> {
             assembler,
             limits,
             dead_letter_topic,
-            source_tables: tables.iter().map(ToString::to_string).collect(),
             tables,
             publication,
             waiting: VecDeque::new(),

@@ -14,7 +14,7 @@ use crate::metrics::Metrics;
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
 use crate::pg::diagnose::{self, SetupError};
 use crate::pg::replication::StandbyStatusUpdate;
-use crate::pg::slot::{self, PreparedSource};
+use crate::pg::slot::{self, PreparedSource, SourceSpec};
 use crate::pg::Lsn;
 use crate::relay::backoff::Backoff;
 use crate::relay::liveness::{receive_timeout, status_interval, LivenessLimits};
@@ -24,7 +24,7 @@ use crate::relay::pipeline::{
 use crate::relay::record::Delivered;
 use crate::relay::settings::Settings;
 use crate::relay::takeover::{self, heartbeat, SilenceWatch};
-use crate::relay::txn::{AssemblerOutbox, TxnAssembler};
+use crate::relay::txn::{AssemblerOutbox, AssemblerPattern, TxnAssembler};
 use crate::relay::watch::{OutboxWatch, WatchTarget};
 use crate::relay::{Definite, RelayError, Transient};
 use crate::sink::{Session, SinkOptions};
@@ -43,7 +43,7 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let metrics = Metrics::new();
-    metrics.name_outboxes(settings.tables().iter().map(ToString::to_string));
+    metrics.name_outboxes(settings.entry_names());
     let _metrics_server = match &settings.metrics {
         Some(config) => {
             let listener = tokio::net::TcpListener::bind(&config.listen)
@@ -370,7 +370,7 @@ async fn start_streaming(
         slot_created = prepared.slot_created,
         publication = %spec.publication,
         publication_created = prepared.publication_created,
-        tables = %if spec.outbox() { spec.tables_shown() } else { "(none: messages only)".to_owned() },
+        tables = %if spec.outbox() { prepared_tables(&spec, prepared) } else { "(none: messages only)".to_owned() },
         messages = spec.messages,
         partitioned = %partitioned_tables(prepared),
         failover_slot = prepared.failover_slot,
@@ -415,6 +415,7 @@ async fn start_streaming(
         WatchTarget {
             publication: spec.publication.clone(),
             outboxes: prepared.outboxes.clone(),
+            patterns: spec.patterns.clone(),
             state_table: spec.state_table.clone(),
             slot: spec.slot.clone(),
         },
@@ -424,6 +425,7 @@ async fn start_streaming(
         slot_lsn: prepared.slot_lsn,
         recorded: resume::already_recorded(prepared),
         assembler: TxnAssembler::new(assembler_outboxes(settings, prepared), 0)
+            .with_patterns(assembler_patterns(settings))
             .with_messages(settings.messages.clone()),
         limits: settings.relay.limits(),
         liveness: LivenessLimits {
@@ -437,12 +439,23 @@ async fn start_streaming(
         },
         dead_letter_topic: settings.dead_letter_topic.clone(),
         publication: spec.publication.clone(),
-        tables: spec.tables.clone(),
+        tables: prepared.outboxes.iter().map(|o| o.table.clone()).collect(),
         committed,
         resume,
     };
     let pipeline = Pipeline::new(conn, (sink, notices), watch, start, Arc::clone(metrics));
     Ok(Some((pipeline, interval)))
+}
+
+/// The outbox tables the source found, and the patterns, for the log.
+fn prepared_tables(spec: &SourceSpec, prepared: &PreparedSource) -> String {
+    let names: Vec<String> = prepared
+        .outboxes
+        .iter()
+        .map(|o| o.table.to_string())
+        .chain(spec.patterns.iter().map(|p| format!("{p} (pattern)")))
+        .collect();
+    names.join(", ")
 }
 
 /// The partitioned outbox tables, for the log (`-` when none is).
@@ -460,17 +473,36 @@ fn partitioned_tables(prepared: &PreparedSource) -> String {
     }
 }
 
-/// Every outbox with its router and the relation id the source found, for the
-/// assembler (the prepared source lists the settings' tables, in their order).
+/// Every outbox table the source found (the settings' own, then the ones their
+/// patterns matched) with its entry's router, for the assembler.
 fn assembler_outboxes(settings: &Settings, prepared: &PreparedSource) -> Vec<AssemblerOutbox> {
+    prepared
+        .outboxes
+        .iter()
+        .filter_map(|found| {
+            let entry = settings.entry_of(&found.table)?;
+            Some(AssemblerOutbox {
+                table: found.table.clone(),
+                oid: found.oid,
+                router: settings.outboxes[entry].router.clone(),
+                entry,
+            })
+        })
+        .collect()
+}
+
+/// The pattern entries, for the assembler to adopt their new tables.
+fn assembler_patterns(settings: &Settings) -> Vec<AssemblerPattern> {
     settings
         .outboxes
         .iter()
-        .zip(&prepared.outboxes)
-        .map(|(outbox, found)| AssemblerOutbox {
-            table: outbox.table.clone(),
-            oid: found.oid,
-            router: outbox.router.clone(),
+        .enumerate()
+        .filter_map(|(entry, outbox)| {
+            Some(AssemblerPattern {
+                pattern: outbox.pattern.clone()?,
+                router: outbox.router.clone(),
+                entry,
+            })
         })
         .collect()
 }

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use crate::metrics::MetricsConfig;
 use crate::pg::config::PostgresConfig;
 use crate::pg::slot::SourceSpec;
+use crate::pg::source::TablePattern;
 use crate::pg::sql::QualifiedName;
 use crate::pg::url::ConnectParams;
 use crate::relay::ack::InFlightLimits;
@@ -147,13 +148,40 @@ impl Settings {
     }
 
     /// The outbox tables' names, in the configuration's order.
+    /// (Not the patterns': [`Settings::patterns`].)
     pub fn tables(&self) -> Vec<QualifiedName> {
-        self.outboxes.iter().map(|o| o.table.clone()).collect()
+        self.outboxes
+            .iter()
+            .filter(|o| o.pattern.is_none())
+            .map(|o| o.table.clone())
+            .collect()
+    }
+
+    /// The schema-per-tenant patterns (`tenant_*.outbox`), in the configuration's order.
+    pub fn patterns(&self) -> Vec<TablePattern> {
+        self.outboxes
+            .iter()
+            .filter_map(|o| o.pattern.clone())
+            .collect()
+    }
+
+    /// The entry `table` belongs to (its own, or the first pattern matching it), by its
+    /// place in the configuration.
+    pub fn entry_of(&self, table: &QualifiedName) -> Option<usize> {
+        self.outboxes
+            .iter()
+            .position(|o| o.pattern.is_none() && &o.table == table)
+            .or_else(|| self.outboxes.iter().position(|o| o.covers(table)))
     }
 
     /// The outbox `table`'s settings, when it is one of this relay's.
     pub fn outbox(&self, table: &QualifiedName) -> Option<&OutboxSettings> {
-        self.outboxes.iter().find(|o| &o.table == table)
+        self.entry_of(table).map(|entry| &self.outboxes[entry])
+    }
+
+    /// Each entry as metrics and messages name it: its table, or its pattern.
+    pub fn entry_names(&self) -> Vec<String> {
+        self.outboxes.iter().map(|o| o.table.to_string()).collect()
     }
 
     /// The column of the outboxes' `partition` placement, for the sink's messages: the
@@ -174,6 +202,7 @@ impl Settings {
             slot: self.postgres.slot.clone(),
             publication: self.postgres.publication.clone(),
             tables: self.tables(),
+            patterns: self.patterns(),
             state_table: self.state_table.clone(),
             failover: self.postgres.failover_slot,
             messages: self.messages.is_some(),

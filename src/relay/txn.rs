@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 
 use crate::pg::pgoutput::{PgOutputMessage, RelationBody};
+use crate::pg::source::TablePattern;
 use crate::pg::sql::QualifiedName;
 use crate::pg::Lsn;
 use crate::relay::messages::config::NonTransactional;
@@ -129,6 +130,17 @@ pub struct AssemblerOutbox {
     /// Its relation id when the relay started (`pg_class` OID).
     pub oid: u32,
     pub router: Router,
+    /// The configuration entry it belongs to (its place in the list), for metrics.
+    pub entry: usize,
+}
+
+/// A schema-per-tenant entry: a table its pattern matches that appears in the stream
+/// (added to the publication while the relay runs) becomes an outbox with its router.
+#[derive(Debug, Clone)]
+pub struct AssemblerPattern {
+    pub pattern: TablePattern,
+    pub router: Router,
+    pub entry: usize,
 }
 
 struct CachedRelation {
@@ -158,6 +170,7 @@ struct OpenTxn {
 /// message picks the outbox, and so the router, of the inserts that follow it.
 pub struct TxnAssembler {
     outboxes: Vec<AssemblerOutbox>,
+    patterns: Vec<AssemblerPattern>,
     relations: HashMap<u32, CachedRelation>,
     open: Option<OpenTxn>,
     next_seq: TxnSeq,
@@ -170,11 +183,30 @@ impl TxnAssembler {
     pub fn new(outboxes: Vec<AssemblerOutbox>, first_seq: TxnSeq) -> Self {
         TxnAssembler {
             outboxes,
+            patterns: Vec::new(),
             relations: HashMap::new(),
             open: None,
             next_seq: first_seq,
             messages: None,
         }
+    }
+
+    /// Relay the tables these patterns match, as they appear in the stream.
+    pub fn with_patterns(mut self, patterns: Vec<AssemblerPattern>) -> Self {
+        self.patterns = patterns;
+        self
+    }
+
+    /// The table of [`OutboxEvent::outbox`](crate::event::OutboxEvent::outbox) `index`.
+    pub fn table_of(&self, index: u32) -> Option<&QualifiedName> {
+        let index = usize::try_from(index).ok()?;
+        self.outboxes.get(index).map(|o| &o.table)
+    }
+
+    /// The configuration entry of [`OutboxEvent::outbox`](crate::event::OutboxEvent::outbox) `index`.
+    pub fn entry_of(&self, index: u32) -> Option<usize> {
+        let index = usize::try_from(index).ok()?;
+        self.outboxes.get(index).map(|o| o.entry)
     }
 
     /// Relay logical decoding messages by these rules.
@@ -185,7 +217,12 @@ impl TxnAssembler {
 
     /// The outbox tables, as messages name them.
     fn tables_shown(&self) -> String {
-        let names: Vec<String> = self.outboxes.iter().map(|o| o.table.to_string()).collect();
+        let names: Vec<String> = self
+            .outboxes
+            .iter()
+            .map(|o| o.table.to_string())
+            .chain(self.patterns.iter().map(|p| p.pattern.to_string()))
+            .collect();
         names.join(", ")
     }
 
@@ -400,7 +437,9 @@ impl TxnAssembler {
         // events. Whether the publication still covers the outbox as it did is the
         // outbox watch's question (crate::relay::watch), which also bounds every
         // acknowledgement.
-        let index = by_id.or_else(|| self.outboxes.iter().position(named));
+        let index = by_id
+            .or_else(|| self.outboxes.iter().position(named))
+            .or_else(|| self.adopt(&body));
         let cached = CachedRelation {
             outbox: index.map(|i| (i, self.outboxes[i].router.resolve(&body))),
             display_name: format!("{}.{}", body.namespace, body.name),
@@ -412,6 +451,27 @@ impl TxnAssembler {
         };
         self.relations.insert(body.relation_id, cached);
         Ok(())
+    }
+
+    /// A table a pattern matches, published while the relay ran (the outbox watch added
+    /// it, or whoever provisions tenants did): an outbox from now on. Its index.
+    fn adopt(&mut self, body: &RelationBody) -> Option<usize> {
+        let pattern = self
+            .patterns
+            .iter()
+            .find(|p| p.pattern.matches(&body.namespace, &body.name))?;
+        let table = QualifiedName {
+            schema: body.namespace.clone(),
+            name: body.name.clone(),
+        };
+        tracing::info!(%table, pattern = %pattern.pattern, relation_id = body.relation_id, "a new outbox table of a pattern is in the stream");
+        self.outboxes.push(AssemblerOutbox {
+            table,
+            oid: body.relation_id,
+            router: pattern.router.clone(),
+            entry: pattern.entry,
+        });
+        Some(self.outboxes.len() - 1)
     }
 }
 

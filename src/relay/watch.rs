@@ -28,8 +28,11 @@
 use tokio::sync::{mpsc, oneshot};
 
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
+use crate::pg::diagnose::SetupError;
 use crate::pg::publication::{identities_query, PublicationChange, PublicationIdentity};
-use crate::pg::source::OutboxRelation;
+use crate::pg::slot::{join_publication, matching_tables};
+use crate::pg::source::{OutboxRelation, TablePattern};
+use crate::pg::sql::quote_literal;
 use crate::pg::sql::QualifiedName;
 use crate::pg::state;
 use crate::pg::url::ConnectParams;
@@ -64,6 +67,10 @@ pub struct WatchTarget {
     /// Every outbox table as the relay prepared it; none (messages only): only the
     /// publication's identity is watched (pgoutput stops without it).
     pub outboxes: Vec<OutboxRelation>,
+    /// Schema-per-tenant patterns: tables they match that appear are added to the
+    /// publication and watched from then on; one of theirs that is dropped leaves the
+    /// set (its rows up to the drop were streamed).
+    pub patterns: Vec<TablePattern>,
     pub state_table: QualifiedName,
     pub slot: String,
 }
@@ -88,6 +95,7 @@ impl OutboxWatch {
         let WatchTarget {
             publication,
             outboxes,
+            patterns,
             state_table,
             slot,
         } = target;
@@ -102,15 +110,10 @@ impl OutboxWatch {
                     return;
                 }
             };
-            let tables: Vec<QualifiedName> = outboxes.iter().map(|o| o.table.clone()).collect();
-            let query = identities_query(&publication, &tables);
-            let reading = Reading {
-                query: &query,
-                outboxes: &outboxes,
-            };
-            let baseline = match reading.read(&mut conn).await {
+            let mut watched = Watched::new(publication, outboxes, patterns);
+            let mut baseline = match watched.read(&mut conn).await {
                 Ok((lsn, identities)) => {
-                    if let Some(problem) = first_reading_problem(&outboxes, &identities) {
+                    if let Some(problem) = first_reading_problem(&watched.outboxes, &identities) {
                         let _ = report_tx.send(WatchReport::Invalid(problem)).await;
                         return;
                     }
@@ -130,15 +133,7 @@ impl OutboxWatch {
                         if request.is_none() {
                             return;
                         }
-                        match reading.read(&mut conn).await {
-                            Ok((lsn, identities)) => {
-                                match reading.change(&baseline, &identities) {
-                                    None => WatchReport::Vouched(lsn),
-                                    Some(first) => reading.settled(&mut conn, &baseline, first).await,
-                                }
-                            }
-                            Err(report) => report,
-                        }
+                        watched.check(&mut conn, &mut baseline).await
                     }
                     Some((lsn, done)) = record_rx.recv() => {
                         match conn.simple_query(&state::acknowledged_sql(&state_table, &slot, lsn)).await {
@@ -290,13 +285,143 @@ fn first_reading_problem(
     })
 }
 
-/// The watch's query and what it compares, for one run of the task.
-struct Reading<'a> {
-    query: &'a str,
-    outboxes: &'a [OutboxRelation],
+/// What the watch watches, for one run of the task: the tables (growing as patterns
+/// match new ones), the patterns, and the query that reads them.
+struct Watched {
+    publication: String,
+    outboxes: Vec<OutboxRelation>,
+    patterns: Vec<TablePattern>,
+    query: String,
 }
 
-impl Reading<'_> {
+impl Watched {
+    fn new(
+        publication: String,
+        outboxes: Vec<OutboxRelation>,
+        patterns: Vec<TablePattern>,
+    ) -> Self {
+        let mut watched = Watched {
+            publication,
+            outboxes,
+            patterns,
+            query: String::new(),
+        };
+        watched.rebuild();
+        watched
+    }
+
+    fn rebuild(&mut self) {
+        let tables: Vec<QualifiedName> = self.outboxes.iter().map(|o| o.table.clone()).collect();
+        self.query = identities_query(&self.publication, &tables);
+    }
+
+    /// One check: vouch for the position read first, or report the change. A pattern's
+    /// table that was dropped (or replaced: its successor is found as a new table)
+    /// leaves the set; tables the patterns match now and the set lacks join it.
+    async fn check(
+        &mut self,
+        conn: &mut PgConnection,
+        baseline: &mut Vec<PublicationIdentity>,
+    ) -> WatchReport {
+        let (lsn, mut now) = match self.read(conn).await {
+            Ok(read) => read,
+            Err(report) => return report,
+        };
+        let gone = self.gone_from_patterns(baseline, &now);
+        if !gone.is_empty() {
+            for index in gone.into_iter().rev() {
+                let table = self.outboxes.remove(index).table;
+                baseline.remove(index);
+                now.remove(index);
+                tracing::info!(%table, "an outbox table of a pattern was dropped: it leaves the relay's tables (its rows up to the drop were streamed)");
+            }
+            self.rebuild();
+        }
+        if let Some(first) = self.change(baseline, &now) {
+            return self.settled(conn, baseline, first).await;
+        }
+        match self.discover(conn).await {
+            Ok(false) => {}
+            Ok(true) => match self.read(conn).await {
+                Ok((_, fresh)) => *baseline = fresh,
+                Err(report) => return report,
+            },
+            Err(report) => return report,
+        }
+        WatchReport::Vouched(lsn)
+    }
+
+    /// Indices of the pattern tables dropped or replaced since `baseline`.
+    fn gone_from_patterns(
+        &self,
+        baseline: &[PublicationIdentity],
+        now: &[PublicationIdentity],
+    ) -> Vec<usize> {
+        self.outboxes
+            .iter()
+            .zip(baseline.iter().zip(now))
+            .enumerate()
+            .filter(|(_, (outbox, _))| {
+                self.patterns
+                    .iter()
+                    .any(|p| p.matches(&outbox.table.schema, &outbox.table.name))
+            })
+            .filter(|(_, (outbox, (baseline, now)))| {
+                matches!(
+                    PublicationChange::between(baseline, now, outbox.partitioned),
+                    Some(PublicationChange::TableDropped | PublicationChange::TableReplaced { .. })
+                )
+            })
+            .map(|(index, _)| index)
+            .collect()
+    }
+
+    /// Adds the tables the patterns match and the set lacks: to the publication (unless
+    /// in it already; [`join_publication`] logs from where they are streamed) and to the
+    /// set. Whether any joined.
+    async fn discover(&mut self, conn: &mut PgConnection) -> Result<bool, WatchReport> {
+        if self.patterns.is_empty() {
+            return Ok(false);
+        }
+        let found = matching_tables(conn, &self.patterns)
+            .await
+            .map_err(WatchReport::Failed)?;
+        let mut joined = false;
+        for table in found {
+            if self.outboxes.iter().any(|o| o.table == table) {
+                continue;
+            }
+            join_publication(conn, &self.publication, &table)
+                .await
+                .map_err(|error| match error {
+                    SetupError::Pg(error) => WatchReport::Failed(error),
+                    other => WatchReport::Invalid(other.to_string()),
+                })?;
+            let relation = conn
+                .simple_query(&format!(
+                    "SELECT c.oid, c.relkind FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = {} AND c.relname = {}",
+                    quote_literal(&table.schema),
+                    quote_literal(&table.name)
+                ))
+                .await
+                .map_err(WatchReport::Failed)?;
+            let Some(oid) = relation.get(0, "oid").and_then(|oid| oid.parse().ok()) else {
+                // Dropped again meanwhile: nothing to watch.
+                continue;
+            };
+            self.outboxes.push(OutboxRelation {
+                partitioned: relation.get(0, "relkind") == Some("p"),
+                table,
+                oid,
+            });
+            joined = true;
+        }
+        if joined {
+            self.rebuild();
+        }
+        Ok(joined)
+    }
+
     /// What changed since `baseline`, for the first outbox (in the configuration's
     /// order) that changed; without an outbox table only the publication counts.
     fn change(
@@ -339,7 +464,7 @@ impl Reading<'_> {
                 WatchReport::Invalid("pg_current_wal_lsn() returned no position".into())
             })?;
         let identities = conn
-            .simple_query(self.query)
+            .simple_query(&self.query)
             .await
             .map_err(WatchReport::Failed)?;
         let identities = PublicationIdentity::from_result(&identities, self.outboxes.len().max(1))
@@ -394,11 +519,8 @@ mod tests {
 
     #[test]
     fn a_change_to_any_outbox_is_reported_with_that_table() {
-        let outboxes = [outbox("a.outbox", 10), outbox("b.outbox", 20)];
-        let reading = Reading {
-            query: "",
-            outboxes: &outboxes,
-        };
+        let outboxes = vec![outbox("a.outbox", 10), outbox("b.outbox", 20)];
+        let reading = Watched::new("p".into(), outboxes.clone(), Vec::new());
         let baseline = vec![identity(10, "1"), identity(20, "2")];
         assert_eq!(reading.change(&baseline, &baseline), None);
         // b's table left the publication: b is named, not a.
@@ -426,10 +548,7 @@ mod tests {
 
     #[test]
     fn without_outbox_tables_only_the_publication_counts() {
-        let reading = Reading {
-            query: "",
-            outboxes: &[],
-        };
+        let reading = Watched::new("p".into(), Vec::new(), Vec::new());
         let baseline = vec![identity(0, "")];
         let mut now = baseline.clone();
         now[0].published = false;

@@ -19,17 +19,26 @@ use super::facts::{
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// Gather every fact. `Err` only when no session can be opened at all.
-pub async fn pg_facts(connect: &ConnectParams, spec: &SourceSpec) -> Result<PgFacts, PgError> {
+/// `spec`'s patterns are resolved first: the facts are of the tables they match now,
+/// which the returned spec lists.
+pub async fn pg_facts(
+    connect: &ConnectParams,
+    spec: &SourceSpec,
+) -> Result<(PgFacts, SourceSpec), PgError> {
     let mut conn = PgConnection::connect(connect, SessionKind::Sql).await?;
+    let spec = &crate::pg::slot::resolve_tables(&mut conn, spec).await?;
     let facts = gather(&mut conn, spec).await;
     conn.close(CLOSE_WAIT).await;
     let server = facts?;
     // Last, so its walsender is not counted among the active ones.
     let replication_session = replication_session(connect).await;
-    Ok(PgFacts {
-        replication_session,
-        ..server
-    })
+    Ok((
+        PgFacts {
+            replication_session,
+            ..server
+        },
+        spec.clone(),
+    ))
 }
 
 async fn gather(conn: &mut PgConnection, spec: &SourceSpec) -> Result<PgFacts, PgError> {

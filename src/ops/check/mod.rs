@@ -168,12 +168,15 @@ pub async fn live(settings: &Settings, config_hint: &str) -> Vec<Finding> {
     let spec = settings.source();
     let pg = async {
         match gather::pg_facts(&settings.connect, &spec).await {
-            Ok(facts) => {
+            Ok((facts, spec)) => {
+                // The tables the patterns matched follow the listed ones, each checked
+                // against its entry's router.
                 let target = facts::Target {
                     spec: &spec,
-                    outboxes: settings
-                        .outboxes
+                    outboxes: spec
+                        .tables
                         .iter()
+                        .filter_map(|table| settings.outbox(table))
                         .map(|o| facts::OutboxTarget::of(&o.router))
                         .collect(),
                     config_hint: config_hint.to_owned(),

@@ -7,11 +7,59 @@
 
 use crate::pg::conn::{PgConnection, PgError};
 use crate::pg::diagnose::SetupError;
-use crate::pg::source::{OutboxRelation, SourceSpec};
+use crate::pg::source::{OutboxRelation, SourceSpec, TablePattern};
 use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
 
 fn definite(message: impl Into<String>) -> SetupError {
     SetupError::Definite(message.into())
+}
+
+/// `spec` with the tables its patterns match now appended to its tables (sorted by
+/// schema; a table already listed is not listed again). Without patterns, `spec` as it
+/// is, without a query.
+pub async fn resolve_tables(
+    conn: &mut PgConnection,
+    spec: &SourceSpec,
+) -> Result<SourceSpec, PgError> {
+    let mut resolved = spec.clone();
+    for found in matching_tables(conn, &spec.patterns).await? {
+        if !resolved.tables.contains(&found) {
+            resolved.tables.push(found);
+        }
+    }
+    Ok(resolved)
+}
+
+/// The tables (and partitioned tables) that `patterns` match now, sorted by schema.
+pub async fn matching_tables(
+    conn: &mut PgConnection,
+    patterns: &[TablePattern],
+) -> Result<Vec<QualifiedName>, PgError> {
+    let mut found = Vec::new();
+    for pattern in patterns {
+        let rows = conn
+            .simple_query(&format!(
+                "SELECT n.nspname AS schema, c.relname AS name \
+                   FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                  WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
+                    AND c.relname = {} AND n.nspname LIKE {} ESCAPE '\\' \
+                  ORDER BY n.nspname",
+                quote_literal(&pattern.name),
+                quote_literal(&pattern.schema_like())
+            ))
+            .await?;
+        for row in 0..rows.rows.len() {
+            let table = QualifiedName {
+                schema: rows.get(row, "schema").unwrap_or_default().to_owned(),
+                name: rows.get(row, "name").unwrap_or_default().to_owned(),
+            };
+            // LIKE's idea of a match and the glob's agree; the glob decides.
+            if pattern.matches(&table.schema, &table.name) && !found.contains(&table) {
+                found.push(table);
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// Every outbox table's relation id and whether it is partitioned, in the spec's order.
@@ -81,9 +129,10 @@ pub fn create_publication_sql(spec: &SourceSpec, partitioned: bool) -> String {
     } else {
         "publish = 'insert'"
     };
-    if !spec.outbox() {
+    if spec.tables.is_empty() {
         // Table-less: pgoutput needs a publication to start, and this one publishes no
-        // table; messages are not filtered by publication.
+        // table; messages are not filtered by publication. (Or only patterns, none of
+        // whose tables exists yet: the relay adds them as they appear.)
         return format!(
             "CREATE PUBLICATION {} WITH ({options})",
             quote_ident(&spec.publication)
@@ -162,6 +211,12 @@ pub(super) async fn ensure_publication(
     }
     let mut missing = Vec::new();
     for table in &spec.tables {
+        if spec.from_pattern(table) {
+            // The relay adds its patterns' tables itself.
+            if join_publication(conn, publication, table).await? {
+                continue;
+            }
+        }
         let includes = conn
             .simple_query(&format!(
                 "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = {} AND schemaname = {} AND tablename = {}",
@@ -191,4 +246,52 @@ pub(super) async fn ensure_publication(
         )));
     }
     Ok(false)
+}
+
+/// Adds a pattern's `table` to the publication unless it is in it already; logs the
+/// position from which its rows are streamed. `Ok(true)`: it is in the publication now.
+/// Rows committed to it before that position are not in the stream, and the log says
+/// so: `outbox-relay backfill --table` sends those still in the table.
+pub async fn join_publication(
+    conn: &mut PgConnection,
+    publication: &str,
+    table: &QualifiedName,
+) -> Result<bool, SetupError> {
+    let published = conn
+        .simple_query(&format!(
+            "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = {} AND schemaname = {} AND tablename = {}",
+            quote_literal(publication),
+            quote_literal(&table.schema),
+            quote_literal(&table.name)
+        ))
+        .await?;
+    if !published.rows.is_empty() {
+        return Ok(true);
+    }
+    let add = format!(
+        "ALTER PUBLICATION {} ADD TABLE {}",
+        quote_ident(publication),
+        table.quoted()
+    );
+    match conn.simple_query(&add).await {
+        Ok(_) => {}
+        Err(PgError::Db(db)) if db.code == "42501" => {
+            return Err(definite(format!(
+                "outbox table {table} matches an [[outbox]] pattern but is not in publication {publication:?}, and this role may not add it ({}): its rows are not streamed. Run `{add}` as the owner of {table} (a tenant's provisioning can do it in the transaction that creates the table), then restart the relay; rows written to it before are sent with `outbox-relay backfill --since -infinity --table {table}`",
+                db.message
+            )))
+        }
+        Err(error) => return Err(error.into()),
+    }
+    let position = conn
+        .simple_query("SELECT pg_catalog.pg_current_wal_lsn()::text AS lsn")
+        .await?;
+    let joined_at = position.get(0, "lsn").unwrap_or("?").to_owned();
+    tracing::warn!(
+        %table,
+        %publication,
+        joined_at = %joined_at,
+        "an outbox table of a pattern joined the publication: its rows are streamed from here on; rows committed to it before {joined_at} are not in the stream, send those still in the table with `outbox-relay backfill --since -infinity --table {table}`"
+    );
+    Ok(true)
 }

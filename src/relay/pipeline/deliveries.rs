@@ -28,7 +28,9 @@ impl<S: ReplicationStream> Pipeline<S> {
         };
         self.progress.events += 1;
         Metrics::add(&self.metrics.events, 1);
-        self.metrics.add_outbox_event(event.outbox);
+        if let Some(entry) = self.assembler.entry_of(event.outbox) {
+            self.metrics.add_outbox_event(entry);
+        }
         if self.metrics.oldest_undelivered.since_ms().is_none() {
             // The first event waiting: its age counts from now, not from the next tick.
             self.update_ages();
@@ -137,10 +139,10 @@ impl<S: ReplicationStream> Pipeline<S> {
     ) -> Result<(), RelayError> {
         // A logical decoding message's record has no table.
         let source_table = self
-            .source_tables
-            .get(usize::try_from(event.outbox).unwrap_or(usize::MAX))
-            .map_or("message", String::as_str);
-        let letter = DeadLetter::from_event(event, reason.clone(), source_table);
+            .assembler
+            .table_of(event.outbox)
+            .map_or_else(|| "message".to_owned(), ToString::to_string);
+        let letter = DeadLetter::from_event(event, reason.clone(), &source_table);
         self.dead_letter_or(tag.ticket.seq(), letter, place, || {
             Definite::Undeliverable {
                 topic: event.topic.clone(),

@@ -7,6 +7,7 @@
 use serde::Deserialize;
 
 use super::Router;
+use crate::pg::source::TablePattern;
 use crate::pg::sql::QualifiedName;
 
 /// Debezium's default outbox table and columns.
@@ -82,8 +83,22 @@ impl Default for OutboxConfig {
 /// and the router built from it.
 #[derive(Debug, Clone)]
 pub struct OutboxSettings {
+    /// The table; for a pattern, its schema is the glob (`tenant_*.outbox`).
     pub table: QualifiedName,
+    /// `table = "tenant_*.outbox"`: every table of that name in the schemas the glob
+    /// matches, found when the relay starts and while it runs.
+    pub pattern: Option<TablePattern>,
     pub router: Router,
+}
+
+impl OutboxSettings {
+    /// `table` is this entry's: its own table, or one its pattern matches.
+    pub fn covers(&self, table: &QualifiedName) -> bool {
+        match &self.pattern {
+            Some(pattern) => pattern.matches(&table.schema, &table.name),
+            None => &self.table == table,
+        }
+    }
 }
 
 /// The `outbox` key of the file: one `[outbox]` table, or a list of `[[outbox]]`
@@ -173,11 +188,16 @@ impl OutboxSection {
                     }
                     match entry.build() {
                         Ok(settings) => {
-                            if let Some(earlier) =
-                                built.iter().position(|b| b.table == settings.table)
-                            {
+                            // A table listed twice, or listed and matched by a pattern:
+                            // which entry's rules would it follow?
+                            let overlap = |b: &OutboxSettings| {
+                                b.table == settings.table
+                                    || (settings.pattern.is_none() && b.covers(&settings.table))
+                                    || (b.pattern.is_none() && settings.covers(&b.table))
+                            };
+                            if let Some(earlier) = built.iter().position(overlap) {
                                 problems.push(format!(
-                                    "{path}.table: {} is also outbox[{earlier}]'s table; each outbox table is listed once",
+                                    "{path}.table: {} is also outbox[{earlier}]'s table (or matched by its pattern, or matching this one); each outbox table is listed once",
                                     settings.table
                                 ));
                             } else {
@@ -225,10 +245,37 @@ impl OutboxConfig {
         let router = Router::try_new(self)
             .map_err(|router_problems| problems.extend(router_problems))
             .ok();
-        match (table, router) {
-            (Some(table), Some(router)) if problems.is_empty() => {
-                Ok(OutboxSettings { table, router })
+        // An unquoted `*` in the schema makes the entry a pattern; in the table's name
+        // it is refused (a typo would otherwise name a table nobody writes to).
+        let quoted_schema = self.table.trim_start().starts_with('"');
+        let pattern = match &table {
+            Some(table) if !quoted_schema && table.schema.contains('*') => {
+                if table.name.contains('*') {
+                    problems.push(format!(
+                        "outbox.table: {:?}: only the schema may be a pattern (`tenant_*.outbox`), not the table's name",
+                        self.table
+                    ));
+                }
+                Some(TablePattern {
+                    schema: table.schema.clone(),
+                    name: table.name.clone(),
+                })
             }
+            Some(table) if !self.table.contains('"') && table.name.contains('*') => {
+                problems.push(format!(
+                    "outbox.table: {:?}: only the schema may be a pattern (`tenant_*.outbox`), not the table's name",
+                    self.table
+                ));
+                None
+            }
+            _ => None,
+        };
+        match (table, router) {
+            (Some(table), Some(router)) if problems.is_empty() => Ok(OutboxSettings {
+                table,
+                pattern,
+                router,
+            }),
             _ => Err(problems),
         }
     }

@@ -8,6 +8,7 @@ fn assembler() -> TxnAssembler {
             table: QualifiedName::parse("public.outbox").unwrap(),
             oid: 1,
             router: Router::try_new(&OutboxConfig::default()).expect("default settings are valid"),
+            entry: 0,
         }],
         0,
     )
@@ -394,11 +395,13 @@ fn two_outboxes() -> TxnAssembler {
                 table: QualifiedName::parse("public.outbox").unwrap(),
                 oid: 1,
                 router: Router::try_new(&OutboxConfig::default()).unwrap(),
+                entry: 0,
             },
             AssemblerOutbox {
                 table: second.table,
                 oid: 2,
                 router: second.router,
+                entry: 1,
             },
         ],
         0,
@@ -471,5 +474,55 @@ fn with_several_outboxes_a_rename_names_its_table_and_a_stranger_lists_them_all(
     assert!(
         matches!(step, Step::Event { event: Ok(ref e), .. } if e.topic == "t2.Created" && e.outbox == 1),
         "{step:?}"
+    );
+}
+
+#[test]
+fn a_table_of_a_pattern_is_adopted_when_it_appears_in_the_stream() {
+    let tenants = OutboxConfig {
+        table: "tenant_*.outbox".into(),
+        topic: "t.${routedByValue}".into(),
+        ..OutboxConfig::default()
+    }
+    .build()
+    .expect("valid settings");
+    let mut a = assembler().with_patterns(vec![AssemblerPattern {
+        pattern: tenants.pattern.expect("a pattern"),
+        router: tenants.router,
+        entry: 1,
+    }]);
+    a.apply(relation_in(40, "tenant_7", "outbox", &COLUMNS), Lsn(0))
+        .unwrap();
+    a.apply(relation_in(41, "other", "outbox", &COLUMNS), Lsn(0))
+        .unwrap();
+    a.apply(begin(), Lsn(0)).unwrap();
+    let step = a
+        .apply(
+            insert(40, &["e1", "order", "o-1", "Created", "{}"]),
+            Lsn(10),
+        )
+        .unwrap();
+    let Step::Event {
+        event: Ok(event), ..
+    } = step
+    else {
+        panic!("an event: {step:?}")
+    };
+    assert_eq!(event.topic, "t.order");
+    assert_eq!(
+        a.table_of(event.outbox).unwrap().to_string(),
+        "tenant_7.outbox"
+    );
+    assert_eq!(a.entry_of(event.outbox), Some(1));
+    // Not the pattern's: a stranger, which stops the relay naming the pattern too.
+    let err = a
+        .apply(
+            insert(41, &["e2", "order", "o-1", "Created", "{}"]),
+            Lsn(20),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, AssemblyError::ForeignRelation { outbox, .. } if outbox.contains("tenant_*.outbox")),
+        "{err:?}"
     );
 }

@@ -24,6 +24,7 @@ fn spec() -> SourceSpec {
         slot: "outbox_relay".into(),
         publication: "outbox_relay".into(),
         tables: vec![QualifiedName::parse("public.outbox").unwrap()],
+        patterns: Vec::new(),
         state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
         failover: true,
         messages: false,

@@ -176,6 +176,7 @@ impl Relay {
                     table: table.clone(),
                     oid: OUTBOX_OID,
                     router,
+                    entry: 0,
                 }],
                 0,
             ),
