@@ -441,6 +441,17 @@ fn a_pattern_relays_every_tenant_table_including_ones_created_while_it_runs() {
         assert!(stdout.contains(&format!("{table} (published)")), "{stdout}");
     }
     assert!(!stdout.contains("tenant_1.outbox"), "{stdout}");
+    // check looks at every table the pattern matches now, under the pattern's entry.
+    let (status, stdout, stderr) = support::relay::run_command(&["check"], &config, WAIT);
+    let said = plain(&format!("{stdout}{stderr}"));
+    assert!(status.success(), "{said}");
+    for table in ["tenant_2.outbox", "tenant_3.outbox"] {
+        assert!(
+            said.lines()
+                .any(|line| line.contains("outbox[1].payload_column") && line.contains(table)),
+            "{table} checked under outbox[1]: {said}"
+        );
+    }
 }
 
 #[test]

@@ -117,18 +117,29 @@ pub struct Target<'a> {
     pub config_hint: String,
 }
 
-/// The columns one outbox table's router reads.
+/// The columns one outbox table's router reads, and the entry it is checked as.
 #[derive(Debug, Clone)]
 pub struct OutboxTarget<'a> {
     pub columns: RouterColumns<'a>,
     pub additional: &'a [AdditionalField],
+    /// The configuration key of its entry: `outbox`, or `outbox[2]` in a list.
+    pub key: String,
+    /// The table is one its entry's pattern matched (its findings name it).
+    pub pattern: bool,
 }
 
 impl<'a> OutboxTarget<'a> {
+    /// The single `[outbox]`'s table.
     pub fn of(router: &'a Router) -> Self {
+        Self::entry(router, "outbox".to_owned(), false)
+    }
+
+    pub fn entry(router: &'a Router, key: String, pattern: bool) -> Self {
         OutboxTarget {
             columns: router.columns(),
             additional: router.additional(),
+            key,
+            pattern,
         }
     }
 }

@@ -176,8 +176,20 @@ pub async fn live(settings: &Settings, config_hint: &str) -> Vec<Finding> {
                     outboxes: spec
                         .tables
                         .iter()
-                        .filter_map(|table| settings.outbox(table))
-                        .map(|o| facts::OutboxTarget::of(&o.router))
+                        .filter_map(|table| {
+                            let entry = settings.entry_of(table)?;
+                            let outbox = &settings.outboxes[entry];
+                            let key = if settings.outboxes.len() > 1 {
+                                format!("outbox[{entry}]")
+                            } else {
+                                "outbox".to_owned()
+                            };
+                            Some(facts::OutboxTarget::entry(
+                                &outbox.router,
+                                key,
+                                outbox.pattern.is_some(),
+                            ))
+                        })
                         .collect(),
                     config_hint: config_hint.to_owned(),
                 };

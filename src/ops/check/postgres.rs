@@ -43,15 +43,14 @@ pub fn findings(facts: &PgFacts, target: &Target<'_>) -> Vec<Finding> {
         super::slot::findings(facts, target, &mut out);
         return out;
     }
-    let several = target.spec.tables.len() > 1;
     let mut tables = Vec::with_capacity(target.spec.tables.len());
     for (index, name) in target.spec.tables.iter().enumerate() {
         // `outbox.table` with one table, `outbox[2].table` in a list, as the file says.
-        let key = if several {
-            format!("outbox[{index}]")
-        } else {
-            "outbox".to_owned()
-        };
+        let key = target
+            .outboxes
+            .get(index)
+            .map_or_else(|| format!("outbox[{index}]"), |o| o.key.clone());
+        let first = out.len();
         let table = match facts.tables.get(index) {
             Some(Ok(table)) => table.as_ref(),
             Some(Err(e)) => {
@@ -67,6 +66,12 @@ pub fn findings(facts: &PgFacts, target: &Target<'_>) -> Vec<Finding> {
                 columns,
             };
             outbox_table(table, &outbox, &target.config_hint, &mut out);
+            // A pattern's table: its findings name it (the key names the entry).
+            if columns.pattern {
+                for finding in &mut out[first..] {
+                    finding.message = format!("{name}: {}", finding.message);
+                }
+            }
         }
         tables.push((name, table));
     }

@@ -201,7 +201,10 @@ fn two_tables(edit: impl FnOnce(&mut PgFacts)) -> Vec<Finding> {
         &facts,
         &Target {
             spec: &spec,
-            outboxes: vec![OutboxTarget::of(&router), OutboxTarget::of(&router)],
+            outboxes: vec![
+                OutboxTarget::entry(&router, "outbox[0]".into(), false),
+                OutboxTarget::entry(&router, "outbox[1]".into(), false),
+            ],
             config_hint: "--config relay.toml".into(),
         },
     )
