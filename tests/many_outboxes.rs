@@ -500,3 +500,40 @@ fn a_tenant_table_the_relay_may_not_publish_stops_it_with_the_statement_to_run()
     let id = insert(&pg, "tenant_1.outbox", "T");
     assert!(topics(&relay.wait_for_lines(1, WAIT)).contains_key(&id));
 }
+
+#[test]
+fn a_partitioned_tenant_table_in_a_publication_without_the_root_option_stops_the_relay_with_it() {
+    let pg = cluster_with_app_db();
+    pg.client_db("app")
+        .batch_execute(&format!(
+            "{OUTBOX_SQL}; CREATE SCHEMA tenant_1; CREATE TABLE tenant_1.outbox (LIKE public.outbox INCLUDING ALL);"
+        ))
+        .unwrap();
+    let config = format!(
+        "[postgres]\nurl = \"{}\"\nslot = \"{SLOT}\"\npublication = \"outbox_relay\"\nstatus_interval_ms = 200\n\
+         [[outbox]]\ntable = \"tenant_*.outbox\"\n[sink]\ntype = \"stdout\"\n",
+        pg.url("postgres", None, "app")
+    );
+    let relay = RelayProcess::start(&config);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+    // The publication was made for unpartitioned tables; a tenant arrives partitioned:
+    // adopted, its identity (through the root, which the publication does not use) is
+    // a change at the watch's next check.
+    pg.client_db("app")
+        .batch_execute(
+            "CREATE SCHEMA tenant_2;
+             CREATE TABLE tenant_2.outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
+               aggregateid text NOT NULL, type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())
+               PARTITION BY RANGE (created_at);
+             CREATE TABLE tenant_2.outbox_all PARTITION OF tenant_2.outbox DEFAULT;",
+        )
+        .unwrap();
+    let status = relay.wait_exit(WAIT);
+    assert!(!status.success(), "the relay stops");
+    let stderr = plain(&relay.stderr());
+    assert!(
+        stderr
+            .contains("ALTER PUBLICATION \"outbox_relay\" SET (publish_via_partition_root = true)"),
+        "{stderr}"
+    );
+}

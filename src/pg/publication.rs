@@ -34,49 +34,52 @@ pub struct PublicationIdentity {
 }
 
 /// The query that reads a [`PublicationIdentity`] of each table, one row each in the
-/// tables' order (`ord`), in one round trip; with no table (a messages-only relay) one
-/// row that reads the publication alone. Runs on any PostgreSQL from 10 on: columns
-/// that only newer versions have are read through `to_jsonb` of the catalog row.
+/// tables' order (`ord`), in one round trip and one snapshot; with no table (a
+/// messages-only relay) one row that reads the publication alone. Set-based, so a
+/// relay watching hundreds of tenants' tables expands the publication's tables
+/// (`pg_publication_tables`) once per check, not once per table. Relation ids come from
+/// the catalog, not `to_regclass`, which needs USAGE on a schema the relay's role need
+/// not have. Runs on PostgreSQL 12 and later (`MATERIALIZED`): columns only newer
+/// versions have are read through `to_jsonb` of the catalog row.
 pub fn identities_query(publication: &str, tables: &[QualifiedName]) -> String {
-    if tables.is_empty() {
-        return identity_query(publication, None, 0);
-    }
-    let parts: Vec<String> = tables
-        .iter()
-        .enumerate()
-        .map(|(ord, table)| format!("({})", identity_query(publication, Some(table), ord)))
-        .collect();
-    format!("{} ORDER BY ord", parts.join(" UNION ALL "))
-}
-
-fn identity_query(publication: &str, table: Option<&QualifiedName>, ord: usize) -> String {
-    let (schema_literal, name_literal) = match table {
-        Some(table) => (quote_literal(&table.schema), quote_literal(&table.name)),
-        None => ("NULL".to_owned(), "NULL".to_owned()),
+    let wanted: Vec<String> = if tables.is_empty() {
+        vec!["(0, NULL::name, NULL::name)".to_owned()]
+    } else {
+        tables
+            .iter()
+            .enumerate()
+            .map(|(ord, table)| {
+                format!(
+                    "({ord}, {}::name, {}::name)",
+                    quote_literal(&table.schema),
+                    quote_literal(&table.name)
+                )
+            })
+            .collect()
     };
-    // The relation id by catalog look-up, not to_regclass: that one needs USAGE on the
-    // schema, which a relay role need not have for every tenant's schema.
-    let relation = format!(
-        "(SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-           WHERE n.nspname = {schema_literal} AND c.relname = {name_literal})"
-    );
-    let publication_literal = quote_literal(publication);
+    let publication = quote_literal(publication);
     format!(
-        "SELECT {ord} AS ord, \
-                {relation} AS table_oid, \
+        "WITH wanted (ord, schemaname, tablename) AS (VALUES {}), \
+              p AS (SELECT * FROM pg_catalog.pg_publication WHERE pubname = {publication}), \
+              published AS MATERIALIZED (SELECT t.schemaname, t.tablename \
+                  FROM pg_catalog.pg_publication_tables t WHERE t.pubname = {publication}) \
+         SELECT w.ord, \
+                c.oid AS table_oid, \
                 p.oid AS publication_oid, \
                 p.pubinsert AS publishes_insert, \
                 coalesce((pg_catalog.to_jsonb(p) ->> 'pubviaroot')::boolean, false) AS via_root, \
                 p.puballtables AS all_tables, \
                 (SELECT pg_catalog.string_agg(pr.oid::text, ',' ORDER BY pr.oid) \
                    FROM pg_catalog.pg_publication_rel pr \
-                  WHERE pr.prpubid = p.oid \
-                    AND pr.prrelid = {relation}) AS membership, \
-                EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables t \
-                         WHERE t.pubname = p.pubname AND t.schemaname = {schema_literal} \
-                           AND t.tablename = {name_literal}) AS published \
-           FROM (SELECT 1) AS one \
-           LEFT JOIN pg_catalog.pg_publication p ON p.pubname = {publication_literal}"
+                  WHERE pr.prpubid = p.oid AND pr.prrelid = c.oid) AS membership, \
+                EXISTS (SELECT 1 FROM published t \
+                         WHERE t.schemaname = w.schemaname AND t.tablename = w.tablename) AS published \
+           FROM wanted w \
+           LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = w.schemaname \
+           LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = w.tablename \
+           LEFT JOIN p ON true \
+          ORDER BY w.ord",
+        wanted.join(", ")
     )
 }
 
@@ -397,12 +400,14 @@ mod tests {
         let sql = identities_query("pub'x", &[table, other]);
         assert!(sql.contains("'pub''x'"), "{sql}");
         assert!(
-            sql.contains("WHERE n.nspname = 'public' AND c.relname = 'outbox'"),
+            sql.contains("(0, 'public'::name, 'outbox'::name), (1, 't1'::name, 'outbox'::name)"),
             "{sql}"
         );
-        assert!(sql.contains("SELECT 1 AS ord"), "{sql}");
-        assert!(sql.ends_with("ORDER BY ord"), "{sql}");
+        assert!(sql.ends_with("ORDER BY w.ord"), "{sql}");
         let alone = identities_query("p", &[]);
-        assert!(alone.contains("n.nspname = NULL"), "{alone}");
+        assert!(
+            alone.contains("VALUES (0, NULL::name, NULL::name)"),
+            "{alone}"
+        );
     }
 }
