@@ -11,7 +11,8 @@
 #   admin_commands.rs and tls_postgres.rs (all of them: catalog queries and TLS),
 #   takeover.rs (a waiting standby writes nothing; the takeover's catalog queries and
 #   wait events, through the privileges test), messages.rs on 14 and later (pgoutput's
-#   messages option; its PostgreSQL 13 test starts 13 itself).
+#   messages option; its PostgreSQL 13 test starts 13 itself), standby_decoding.rs on 16
+#   and later (decoding on a standby; on an older suite major it starts 16 itself).
 pg_version_jobs() {
     local major="$1" target
     for target in stdout_relay lost_slot partitioned_outbox outbox_changes many_outboxes record_resume check admin_commands tls_postgres; do
@@ -21,6 +22,7 @@ pg_version_jobs() {
     echo "bad_input_config replication_slots role_without_replication"
     echo "takeover writes_nothing privileges"
     if [ "$major" -ge 14 ]; then echo "messages"; fi
+    if [ "$major" -ge 16 ]; then echo "standby_decoding"; fi
 }
 
 # suite_pg_major: the major `cargo test --workspace` runs on ($PG_BINDIR, else the one the

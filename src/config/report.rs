@@ -105,7 +105,9 @@ pub fn shape_error(text: &str, error: &toml::de::Error, overrides: &[Override]) 
 /// secret properties of `[kafka.properties]`.
 fn is_secret_key(path: &[String]) -> bool {
     match path {
-        [section, key] if section == "postgres" => key == "url" || key == "password",
+        [section, key] if section == "postgres" => {
+            key == "url" || key == "password" || key == "primary_url"
+        }
         [kafka, properties, key] if kafka == "kafka" && properties == "properties" => {
             crate::sink::kafka_config::is_secret_property(key)
         }

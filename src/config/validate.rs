@@ -106,9 +106,11 @@ impl Config {
         problems.extend(self.relay.problems());
         match (outboxes, source, sink) {
             (Some(outboxes), Some((connect, state_table)), Some(sink)) if problems.is_empty() => {
+                let primary = self.postgres.primary(&connect).map_err(|p| vec![p])?;
                 Ok(Settings {
                     postgres: self.postgres,
                     connect,
+                    primary,
                     outboxes,
                     state_table,
                     sink,

@@ -77,9 +77,34 @@ pub struct PostgresConfig {
     /// with `sync_replication_slots`, so a promoted standby has it). Ignored before 17.
     #[serde(default = "default_true")]
     pub failover_slot: bool,
+    /// The primary of the standby `url` names: set, the relay decodes on that standby
+    /// (PostgreSQL 16+) instead of waiting for it to be promoted, and uses the primary
+    /// for what a server in recovery cannot do (its record, the publication, the
+    /// snapshot a slot created on a standby waits for). Without a password of its own,
+    /// the relay's password.
+    #[serde(default)]
+    pub primary_url: Option<Secret>,
 }
 
 impl PostgresConfig {
+    /// `primary_url` as connection parameters (the password of `main` when it has
+    /// none), or its problem.
+    pub fn primary(&self, main: &ConnectParams) -> Result<Option<ConnectParams>, String> {
+        let Some(url) = &self.primary_url else {
+            return Ok(None);
+        };
+        let mut params = ConnectParams::from_url(url.expose())
+            .map_err(|e| format!("postgres.primary_url: {e}"))?;
+        if params.password.is_none() {
+            params.password = main.password.clone();
+        }
+        params
+            .tls
+            .load()
+            .map_err(|e| format!("postgres.primary_url: {e}"))?;
+        Ok(Some(params))
+    }
+
     /// Check the section against the outbox `table` it streams (the state table's
     /// default schema), the password taken from `PGPASSWORD` (`env_password`) when
     /// neither the URL, `password` nor `password_file` has one; reads `password_file`.

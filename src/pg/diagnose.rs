@@ -152,7 +152,7 @@ pub fn classify(
     };
     match facts {
         Some(Ok(facts)) => {
-            if facts.in_recovery {
+            if facts.in_recovery && !spec.decode_on_standby {
                 return SetupError::InRecovery;
             }
             if !facts.may_replicate {
@@ -232,6 +232,7 @@ mod tests {
             state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
             failover: true,
             messages: false,
+            decode_on_standby: false,
         }
     }
 

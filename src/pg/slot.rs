@@ -6,6 +6,7 @@
 //! file keeps the order of the steps, the slot's own, and the replication command.
 
 mod publication;
+mod standby;
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ pub use crate::pg::diagnose::SetupError;
 pub use crate::pg::source::{OutboxRelation, SourceSpec};
 use crate::pg::sql::{quote_ident, quote_literal};
 use crate::pg::state;
+use crate::pg::url::ConnectParams;
 use crate::Lsn;
 pub use publication::{create_publication_sql, join_publication, matching_tables, resolve_tables};
 use publication::{ensure_publication, outbox_relations};
@@ -43,6 +45,8 @@ pub struct PreparedSource {
     /// The relay's record of the slot in its state table, as read before streaming
     /// (its acknowledged position: [`crate::relay::record`]).
     pub record: Option<state::SlotRecord>,
+    /// The server is a standby the relay decodes on (`[postgres] primary_url`).
+    pub on_standby: bool,
 }
 
 fn definite(message: impl Into<String>) -> SetupError {
@@ -57,9 +61,12 @@ fn server_version_text(conn: &PgConnection) -> String {
 }
 
 /// Check the server, create what is missing, and report where the slot stands.
+/// `primary`: `[postgres] primary_url`; with it a server in recovery (PostgreSQL 16+)
+/// is decoded on, and what it cannot do is done on the primary (`slot/standby.rs`).
 pub async fn prepare(
     conn: &mut PgConnection,
     spec: &SourceSpec,
+    primary: Option<&ConnectParams>,
 ) -> Result<PreparedSource, SetupError> {
     let server_version = server_version_text(conn);
     let wal_level = conn.simple_query("SHOW wal_level").await?;
@@ -80,9 +87,16 @@ pub async fn prepare(
     let recovery = conn
         .simple_query("SELECT pg_catalog.pg_is_in_recovery() AS recovery")
         .await?;
-    if recovery.get(0, "recovery") == Some("t") {
-        return Err(SetupError::InRecovery);
-    }
+    let mut primary_conn = match (recovery.get(0, "recovery") == Some("t"), primary) {
+        (false, _) => None,
+        (true, None) => return Err(SetupError::InRecovery),
+        (true, Some(_)) if version_num < standby::STANDBY_DECODING_SINCE => {
+            return Err(definite(format!(
+                "this server is a standby and [postgres] primary_url asks to decode on it, which needs PostgreSQL 16 or later (it runs {server_version}): upgrade, or remove primary_url to wait for a promotion"
+            )))
+        }
+        (true, Some(primary)) => Some(standby::connect_primary(primary).await?),
+    };
 
     let identify = conn.simple_query("IDENTIFY_SYSTEM").await?;
     let system_id = identify.get(0, "systemid").unwrap_or_default().to_owned();
@@ -114,12 +128,30 @@ pub async fn prepare(
             pid,
         });
     }
-    let publication_created = ensure_publication(conn, spec, partitioned).await?;
-    state::ensure_table(conn, &spec.state_table)
-        .await
-        .map_err(SetupError::Definite)?;
-    let failover_slot = spec.failover && version_num >= FAILOVER_SLOTS_SINCE;
-    let (slot_lsn, slot_created) = ensure_slot(conn, spec, &system_id, failover_slot).await?;
+    // A standby cannot write: the publication and the state table are made on the
+    // primary, and the standby replays them before the slot is looked at.
+    let publication_created = match primary_conn.as_mut() {
+        None => {
+            let created = ensure_publication(conn, spec, partitioned).await?;
+            state::ensure_table(conn, &spec.state_table)
+                .await
+                .map_err(SetupError::Definite)?;
+            created
+        }
+        Some(primary) => {
+            let created = ensure_publication(primary, spec, partitioned).await?;
+            state::ensure_table(primary, &spec.state_table)
+                .await
+                .map_err(SetupError::Definite)?;
+            standby::wait_replayed(conn, primary).await?;
+            created
+        }
+    };
+    // A slot created on a standby cannot be a failover slot.
+    let failover_slot =
+        spec.failover && version_num >= FAILOVER_SLOTS_SINCE && primary_conn.is_none();
+    let (slot_lsn, slot_created) =
+        ensure_slot(conn, spec, &system_id, failover_slot, primary_conn.as_mut()).await?;
     if failover_slot {
         warn_without_synchronized_standbys(conn, &spec.slot).await?;
     }
@@ -127,12 +159,15 @@ pub async fn prepare(
     // at every start (an UPDATE to the same values is a write all the same).
     let recorded = state::read(conn, &spec.state_table, &spec.slot).await?;
     if !recorded.as_ref().is_some_and(state::SlotRecord::streamed) {
-        conn.simple_query(&state::streaming_sql(
-            &spec.state_table,
-            &spec.slot,
-            &system_id,
-        ))
-        .await?;
+        let sql = state::streaming_sql(&spec.state_table, &spec.slot, &system_id);
+        match primary_conn.as_mut() {
+            None => conn.simple_query(&sql).await?,
+            Some(primary) => primary.simple_query(&sql).await?,
+        };
+    }
+    let on_standby = primary_conn.is_some();
+    if let Some(primary) = primary_conn {
+        primary.close(Duration::from_secs(1)).await;
     }
 
     let timeout = conn.simple_query("SHOW wal_sender_timeout").await?;
@@ -154,6 +189,7 @@ pub async fn prepare(
         outboxes,
         failover_slot,
         record: recorded,
+        on_standby,
     })
 }
 
@@ -229,14 +265,17 @@ async fn ensure_slot(
     spec: &SourceSpec,
     system_id: &str,
     failover: bool,
+    mut primary: Option<&mut PgConnection>,
 ) -> Result<(Lsn, bool), SetupError> {
     let slot = &spec.slot;
     let found = conn
         .simple_query(&format!(
             // invalidation_reason exists from PostgreSQL 17 on, failover from 17 on;
             // through jsonb they read as NULL on older versions instead of failing.
+            // conflicting (16+): a slot on a standby invalidated by a recovery conflict.
             "SELECT plugin, slot_type, database, wal_status, \
                     pg_catalog.to_jsonb(s) ->> 'invalidation_reason' AS invalidation_reason, \
+                    coalesce((pg_catalog.to_jsonb(s) ->> 'conflicting')::boolean, false) AS conflicting, \
                     confirmed_flush_lsn, current_database() AS current_db, \
                     coalesce((pg_catalog.to_jsonb(s) ->> 'failover')::boolean, false) AS failover \
                FROM pg_catalog.pg_replication_slots s WHERE slot_name = {}",
@@ -254,7 +293,19 @@ async fn ensure_slot(
                 )));
             }
         }
-        let lsn = create_slot(conn, spec, system_id, failover).await?;
+        if primary.is_none() {
+            return Ok((create_slot(conn, spec, system_id, failover).await?, true));
+        }
+        // On a standby: created there while the primary is asked for snapshots, the
+        // record started over on the primary.
+        let creating = make_slot(conn, spec, failover);
+        let lsn = standby::while_asking_for_snapshots(primary.as_deref_mut(), creating).await??;
+        if let Some(primary) = primary {
+            primary
+                .simple_query(&state::created_sql(&spec.state_table, slot, system_id))
+                .await?;
+        }
+        tracing::info!(%slot, %lsn, "created replication slot on the standby");
         return Ok((lsn, true));
     }
     check_existing_slot(&found, slot)?;
@@ -278,6 +329,23 @@ pub async fn create_slot(
     conn: &mut PgConnection,
     spec: &SourceSpec,
     system_id: &str,
+    failover: bool,
+) -> Result<Lsn, SetupError> {
+    let lsn = make_slot(conn, spec, failover).await?;
+    conn.simple_query(&state::created_sql(
+        &spec.state_table,
+        &spec.slot,
+        system_id,
+    ))
+    .await?;
+    tracing::info!(slot = %spec.slot, %lsn, "created replication slot");
+    Ok(lsn)
+}
+
+/// `CREATE_REPLICATION_SLOT`; where the slot starts.
+async fn make_slot(
+    conn: &mut PgConnection,
+    spec: &SourceSpec,
     failover: bool,
 ) -> Result<Lsn, SetupError> {
     let slot = &spec.slot;
@@ -306,14 +374,10 @@ pub async fn create_slot(
                 )),
                 other => other.into(),
             })?;
-    let lsn = created
+    Ok(created
         .get(0, "consistent_point")
         .and_then(|t| t.parse().ok())
-        .unwrap_or_default();
-    conn.simple_query(&state::created_sql(&spec.state_table, slot, system_id))
-        .await?;
-    tracing::info!(%slot, %lsn, "created replication slot");
-    Ok(lsn)
+        .unwrap_or_default())
 }
 
 /// A slot of that name exists: it must be ours to stream from.
@@ -332,10 +396,18 @@ fn check_existing_slot(found: &QueryResult, slot: &str) -> Result<(), SetupError
             found.get(0, "current_db").unwrap_or_default()
         )));
     }
-    if found.get(0, "wal_status") == Some("lost") {
+    let conflicting = found.get(0, "conflicting") == Some("t");
+    if found.get(0, "wal_status") == Some("lost")
+        || found.get(0, "invalidation_reason").is_some()
+        || conflicting
+    {
+        let reason = found
+            .get(0, "invalidation_reason")
+            .map(str::to_owned)
+            .or_else(|| conflicting.then(|| "a recovery conflict on the standby".to_owned()));
         return Err(SetupError::SlotInvalidated {
             slot: slot.to_owned(),
-            reason: found.get(0, "invalidation_reason").map(str::to_owned),
+            reason,
         });
     }
     Ok(())
@@ -391,6 +463,7 @@ mod tests {
             state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
             failover: true,
             messages: false,
+            decode_on_standby: false,
         };
         assert_eq!(
             start_replication_command(&spec, Lsn(0x1_0000_0010)),

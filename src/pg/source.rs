@@ -26,6 +26,9 @@ pub struct SourceSpec {
     pub failover: bool,
     /// Ask pgoutput for logical decoding messages (`messages 'true'`, PostgreSQL 14+).
     pub messages: bool,
+    /// `[postgres] primary_url` is set: a server in recovery is decoded on (PostgreSQL
+    /// 16+), not waited on.
+    pub decode_on_standby: bool,
 }
 
 impl SourceSpec {

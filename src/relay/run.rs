@@ -287,7 +287,12 @@ async fn prepare(
         return Ok(None);
     };
     let mut conn = connected?;
-    let Some(prepared) = unless_stopped(stop, slot::prepare(&mut conn, &spec)).await else {
+    let Some(prepared) = unless_stopped(
+        stop,
+        slot::prepare(&mut conn, &spec, settings.primary.as_ref()),
+    )
+    .await
+    else {
         return Ok(None);
     };
     let prepared = match prepared {
@@ -418,6 +423,7 @@ async fn start_streaming(
             patterns: spec.patterns.clone(),
             state_table: spec.state_table.clone(),
             slot: spec.slot.clone(),
+            primary: settings.primary.clone().filter(|_| prepared.on_standby),
         },
         watch_connect,
     );

@@ -123,6 +123,9 @@ impl DeadLetterConfig {
 pub struct Settings {
     pub postgres: PostgresConfig,
     pub connect: ConnectParams,
+    /// `[postgres] primary_url`: the relay decodes on the standby `connect` names and
+    /// uses this primary for what a standby cannot do.
+    pub primary: Option<ConnectParams>,
     /// The outbox tables, each with its router, in the configuration's order; empty for
     /// a messages-only relay (`[outbox] enabled = false`).
     pub outboxes: Vec<OutboxSettings>,
@@ -206,6 +209,7 @@ impl Settings {
             state_table: self.state_table.clone(),
             failover: self.postgres.failover_slot,
             messages: self.messages.is_some(),
+            decode_on_standby: self.primary.is_some(),
         }
     }
 }

@@ -27,12 +27,13 @@
 
 use tokio::sync::{mpsc, oneshot};
 
+mod watched;
+
+use watched::{first_reading_problem, Watched};
+
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
-use crate::pg::diagnose::SetupError;
-use crate::pg::publication::{identities_query, PublicationChange, PublicationIdentity};
-use crate::pg::slot::{join_publication, matching_tables};
+use crate::pg::publication::PublicationChange;
 use crate::pg::source::{OutboxRelation, TablePattern};
-use crate::pg::sql::quote_literal;
 use crate::pg::sql::QualifiedName;
 use crate::pg::state;
 use crate::pg::url::ConnectParams;
@@ -73,6 +74,8 @@ pub struct WatchTarget {
     pub patterns: Vec<TablePattern>,
     pub state_table: QualifiedName,
     pub slot: String,
+    /// Decoding on a standby: the primary, where the record is written.
+    pub primary: Option<ConnectParams>,
 }
 
 /// The pipeline's handle on the watch task.
@@ -98,6 +101,7 @@ impl OutboxWatch {
             patterns,
             state_table,
             slot,
+            primary,
         } = target;
         let (requests, mut request_rx) = mpsc::channel::<()>(1);
         let (records, mut record_rx) = mpsc::channel::<(Lsn, Option<oneshot::Sender<()>>)>(1);
@@ -111,6 +115,7 @@ impl OutboxWatch {
                 }
             };
             let mut watched = Watched::new(publication, outboxes, patterns);
+            let mut primary_conn: Option<PgConnection> = None;
             let mut baseline = match watched.read(&mut conn).await {
                 Ok((lsn, identities)) => {
                     if let Some(problem) = first_reading_problem(&watched.outboxes, &identities) {
@@ -136,7 +141,40 @@ impl OutboxWatch {
                         watched.check(&mut conn, &mut baseline).await
                     }
                     Some((lsn, done)) = record_rx.recv() => {
-                        match conn.simple_query(&state::acknowledged_sql(&state_table, &slot, lsn)).await {
+                        let sql = state::acknowledged_sql(&state_table, &slot, lsn);
+                        // On a standby the record is written on the primary, which the
+                        // standby replays (its table is the same table); once the standby
+                        // is promoted, on itself (the old primary may live on, apart).
+                        let promoted = match &primary {
+                            None => false,
+                            Some(_) => match conn.simple_query("SELECT pg_catalog.pg_is_in_recovery() AS recovery").await {
+                                Ok(found) => found.get(0, "recovery") != Some("t"),
+                                Err(error) => {
+                                    let _ = report_tx.send(WatchReport::Failed(error)).await;
+                                    return;
+                                }
+                            },
+                        };
+                        let written = match &primary {
+                            None => conn.simple_query(&sql).await,
+                            Some(_) if promoted => conn.simple_query(&sql).await,
+                            Some(params) => {
+                                if primary_conn.is_none() {
+                                    match PgConnection::connect(params, SessionKind::Sql).await {
+                                        Ok(opened) => primary_conn = Some(opened),
+                                        Err(error) => {
+                                            let _ = report_tx.send(WatchReport::Failed(error)).await;
+                                            return;
+                                        }
+                                    }
+                                }
+                                match primary_conn.as_mut() {
+                                    Some(on_primary) => on_primary.simple_query(&sql).await,
+                                    None => continue,
+                                }
+                            }
+                        };
+                        match written {
                             Ok(_) => {
                                 if let Some(done) = done {
                                     let _ = done.send(());
@@ -269,294 +307,5 @@ pub struct WatchScript {
     pub reports: mpsc::Sender<WatchReport>,
 }
 
-/// The first reading must find every outbox as the relay prepared it: the same relation
-/// id behind its name, and published.
-fn first_reading_problem(
-    outboxes: &[OutboxRelation],
-    identities: &[PublicationIdentity],
-) -> Option<String> {
-    outboxes.iter().zip(identities).find_map(|(outbox, identity)| {
-        (identity.table_oid != Some(outbox.oid) || !identity.published).then(|| {
-            format!(
-                "the outbox {} changed while the relay was starting (relation id {:?}, expected {}; published: {})",
-                outbox.table, identity.table_oid, outbox.oid, identity.published
-            )
-        })
-    })
-}
-
-/// What the watch watches, for one run of the task: the tables (growing as patterns
-/// match new ones), the patterns, and the query that reads them.
-struct Watched {
-    publication: String,
-    outboxes: Vec<OutboxRelation>,
-    patterns: Vec<TablePattern>,
-    query: String,
-}
-
-impl Watched {
-    fn new(
-        publication: String,
-        outboxes: Vec<OutboxRelation>,
-        patterns: Vec<TablePattern>,
-    ) -> Self {
-        let mut watched = Watched {
-            publication,
-            outboxes,
-            patterns,
-            query: String::new(),
-        };
-        watched.rebuild();
-        watched
-    }
-
-    fn rebuild(&mut self) {
-        let tables: Vec<QualifiedName> = self.outboxes.iter().map(|o| o.table.clone()).collect();
-        self.query = identities_query(&self.publication, &tables);
-    }
-
-    /// One check: vouch for the position read first, or report the change. A pattern's
-    /// table that was dropped (or replaced: its successor is found as a new table)
-    /// leaves the set; tables the patterns match now and the set lacks join it.
-    async fn check(
-        &mut self,
-        conn: &mut PgConnection,
-        baseline: &mut Vec<PublicationIdentity>,
-    ) -> WatchReport {
-        let (lsn, mut now) = match self.read(conn).await {
-            Ok(read) => read,
-            Err(report) => return report,
-        };
-        let gone = self.gone_from_patterns(baseline, &now);
-        if !gone.is_empty() {
-            for index in gone.into_iter().rev() {
-                let table = self.outboxes.remove(index).table;
-                baseline.remove(index);
-                now.remove(index);
-                tracing::info!(%table, "an outbox table of a pattern was dropped: it leaves the relay's tables (its rows up to the drop were streamed)");
-            }
-            self.rebuild();
-        }
-        if let Some(first) = self.change(baseline, &now) {
-            return self.settled(conn, baseline, first).await;
-        }
-        match self.discover(conn).await {
-            Ok(false) => {}
-            Ok(true) => match self.read(conn).await {
-                Ok((_, fresh)) => *baseline = fresh,
-                Err(report) => return report,
-            },
-            Err(report) => return report,
-        }
-        WatchReport::Vouched(lsn)
-    }
-
-    /// Indices of the pattern tables dropped or replaced since `baseline`.
-    fn gone_from_patterns(
-        &self,
-        baseline: &[PublicationIdentity],
-        now: &[PublicationIdentity],
-    ) -> Vec<usize> {
-        self.outboxes
-            .iter()
-            .zip(baseline.iter().zip(now))
-            .enumerate()
-            .filter(|(_, (outbox, _))| {
-                self.patterns
-                    .iter()
-                    .any(|p| p.matches(&outbox.table.schema, &outbox.table.name))
-            })
-            .filter(|(_, (outbox, (baseline, now)))| {
-                matches!(
-                    PublicationChange::between(baseline, now, outbox.partitioned),
-                    Some(PublicationChange::TableDropped | PublicationChange::TableReplaced { .. })
-                )
-            })
-            .map(|(index, _)| index)
-            .collect()
-    }
-
-    /// Adds the tables the patterns match and the set lacks: to the publication (unless
-    /// in it already; [`join_publication`] logs from where they are streamed) and to the
-    /// set. Whether any joined.
-    async fn discover(&mut self, conn: &mut PgConnection) -> Result<bool, WatchReport> {
-        if self.patterns.is_empty() {
-            return Ok(false);
-        }
-        let found = matching_tables(conn, &self.patterns)
-            .await
-            .map_err(WatchReport::Failed)?;
-        let mut joined = false;
-        for table in found {
-            if self.outboxes.iter().any(|o| o.table == table) {
-                continue;
-            }
-            join_publication(conn, &self.publication, &table)
-                .await
-                .map_err(|error| match error {
-                    SetupError::Pg(error) => WatchReport::Failed(error),
-                    other => WatchReport::Invalid(other.to_string()),
-                })?;
-            let relation = conn
-                .simple_query(&format!(
-                    "SELECT c.oid, c.relkind FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = {} AND c.relname = {}",
-                    quote_literal(&table.schema),
-                    quote_literal(&table.name)
-                ))
-                .await
-                .map_err(WatchReport::Failed)?;
-            let Some(oid) = relation.get(0, "oid").and_then(|oid| oid.parse().ok()) else {
-                // Dropped again meanwhile: nothing to watch.
-                continue;
-            };
-            self.outboxes.push(OutboxRelation {
-                partitioned: relation.get(0, "relkind") == Some("p"),
-                table,
-                oid,
-            });
-            joined = true;
-        }
-        if joined {
-            self.rebuild();
-        }
-        Ok(joined)
-    }
-
-    /// What changed since `baseline`, for the first outbox (in the configuration's
-    /// order) that changed; without an outbox table only the publication counts.
-    fn change(
-        &self,
-        baseline: &[PublicationIdentity],
-        now: &[PublicationIdentity],
-    ) -> Option<(PublicationChange, Option<QualifiedName>)> {
-        if self.outboxes.is_empty() {
-            let (baseline, now) = (baseline.first()?, now.first()?);
-            return if now.publication_oid.is_none() {
-                Some((PublicationChange::PublicationDropped, None))
-            } else if now.publication_oid != baseline.publication_oid {
-                Some((PublicationChange::PublicationReplaced, None))
-            } else {
-                None
-            };
-        }
-        self.outboxes
-            .iter()
-            .zip(baseline.iter().zip(now))
-            .find_map(|(outbox, (baseline, now))| {
-                PublicationChange::between(baseline, now, outbox.partitioned)
-                    .map(|change| (change, Some(outbox.table.clone())))
-            })
-    }
-
-    /// The WAL position, then the identities (in that order: see the module doc).
-    async fn read(
-        &self,
-        conn: &mut PgConnection,
-    ) -> Result<(Lsn, Vec<PublicationIdentity>), WatchReport> {
-        let position = conn
-            .simple_query("SELECT pg_catalog.pg_current_wal_lsn()::text AS lsn")
-            .await
-            .map_err(WatchReport::Failed)?;
-        let lsn: Lsn = position
-            .get(0, "lsn")
-            .and_then(|text| text.parse().ok())
-            .ok_or_else(|| {
-                WatchReport::Invalid("pg_current_wal_lsn() returned no position".into())
-            })?;
-        let identities = conn
-            .simple_query(&self.query)
-            .await
-            .map_err(WatchReport::Failed)?;
-        let identities = PublicationIdentity::from_result(&identities, self.outboxes.len().max(1))
-            .map_err(WatchReport::Invalid)?;
-        Ok((lsn, identities))
-    }
-
-    /// A change seen once, read again to name it right: one reading can straddle a DDL
-    /// commit (the publication's row read from the statement's snapshot, its tables
-    /// through the catalog caches, which already see the drop), so `DROP PUBLICATION`
-    /// could read as "the table left the publication" and get the wrong repair. The
-    /// second reading starts after the first ended and sees the settled catalog; a
-    /// change is a change either way (nothing past it is acknowledged), only its name
-    /// and repair come from the later one.
-    async fn settled(
-        &self,
-        conn: &mut PgConnection,
-        baseline: &[PublicationIdentity],
-        first: (PublicationChange, Option<QualifiedName>),
-    ) -> WatchReport {
-        let (change, table) = match self.read(conn).await {
-            Ok((_, identities)) => self.change(baseline, &identities).unwrap_or(first),
-            Err(_) => first,
-        };
-        WatchReport::Changed { change, table }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn identity(table_oid: u32, membership: &str) -> PublicationIdentity {
-        PublicationIdentity {
-            table_oid: Some(table_oid),
-            publication_oid: Some(500),
-            publishes_insert: true,
-            via_root: false,
-            all_tables: false,
-            membership: membership.into(),
-            published: true,
-        }
-    }
-
-    fn outbox(name: &str, oid: u32) -> OutboxRelation {
-        OutboxRelation {
-            table: QualifiedName::parse(name).unwrap(),
-            oid,
-            partitioned: false,
-        }
-    }
-
-    #[test]
-    fn a_change_to_any_outbox_is_reported_with_that_table() {
-        let outboxes = vec![outbox("a.outbox", 10), outbox("b.outbox", 20)];
-        let reading = Watched::new("p".into(), outboxes.clone(), Vec::new());
-        let baseline = vec![identity(10, "1"), identity(20, "2")];
-        assert_eq!(reading.change(&baseline, &baseline), None);
-        // b's table left the publication: b is named, not a.
-        let mut now = baseline.clone();
-        now[1].published = false;
-        now[1].membership.clear();
-        assert_eq!(
-            reading.change(&baseline, &now),
-            Some((
-                PublicationChange::TableLeftPublication,
-                Some(QualifiedName::parse("b.outbox").unwrap())
-            ))
-        );
-        // b's name now belongs to another table.
-        let mut now = baseline.clone();
-        now[1].table_oid = Some(21);
-        assert!(matches!(
-            reading.change(&baseline, &now),
-            Some((PublicationChange::TableReplaced { was: 20, now: 21 }, Some(ref t))) if t.to_string() == "b.outbox"
-        ));
-        assert_eq!(first_reading_problem(&outboxes, &baseline), None);
-        let problem = first_reading_problem(&outboxes, &now).unwrap();
-        assert!(problem.contains("b.outbox"), "{problem}");
-    }
-
-    #[test]
-    fn without_outbox_tables_only_the_publication_counts() {
-        let reading = Watched::new("p".into(), Vec::new(), Vec::new());
-        let baseline = vec![identity(0, "")];
-        let mut now = baseline.clone();
-        now[0].published = false;
-        assert_eq!(reading.change(&baseline, &now), None);
-        now[0].publication_oid = None;
-        assert_eq!(
-            reading.change(&baseline, &now),
-            Some((PublicationChange::PublicationDropped, None))
-        );
-    }
-}
+mod tests;

@@ -33,6 +33,7 @@ pub const KEYS: &[(&str, &[(&str, Kind)])] = &[
             ("takeover_silence_ms", Kind::Int),
             ("state_table", Kind::Str),
             ("failover_slot", Kind::Bool),
+            ("primary_url", Kind::Str),
         ],
     ),
     (

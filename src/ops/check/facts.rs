@@ -35,6 +35,10 @@ pub struct ServerSettings {
     /// `pg_signal_backend` (ending it): a standby's takeover from a silent relay.
     pub reads_all_stats: bool,
     pub signals_backends: bool,
+    /// A standby's `hot_standby_feedback` and `primary_slot_name` (decoding there needs
+    /// both: without them the primary's vacuum removes catalog rows the slot reads).
+    pub hot_standby_feedback: bool,
+    pub primary_slot_name: String,
 }
 
 /// The outbox table.

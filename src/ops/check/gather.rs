@@ -98,7 +98,9 @@ async fn server_settings(conn: &mut PgConnection) -> Result<ServerSettings, PgEr
                     pg_catalog.pg_size_bytes(current_setting('max_slot_wal_keep_size', true)) AS keep_size, \
                     current_setting('synchronized_standby_slots', true) AS standby_slots, \
                     pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE') AS read_all_stats, \
-                    pg_catalog.pg_has_role('pg_signal_backend', 'USAGE') AS signal_backend \
+                    pg_catalog.pg_has_role('pg_signal_backend', 'USAGE') AS signal_backend, \
+                    current_setting('hot_standby_feedback') AS hot_standby_feedback, \
+                    coalesce(current_setting('primary_slot_name', true), '') AS primary_slot_name \
                FROM pg_catalog.pg_roles r WHERE r.rolname = current_user",
         )
         .await?;
@@ -121,6 +123,11 @@ async fn server_settings(conn: &mut PgConnection) -> Result<ServerSettings, PgEr
         synchronized_standby_slots: result.get(0, "standby_slots").map(str::to_owned),
         reads_all_stats: yes(&result, 0, "read_all_stats"),
         signals_backends: yes(&result, 0, "signal_backend"),
+        hot_standby_feedback: result.get(0, "hot_standby_feedback") == Some("on"),
+        primary_slot_name: result
+            .get(0, "primary_slot_name")
+            .unwrap_or_default()
+            .to_owned(),
     })
 }
 

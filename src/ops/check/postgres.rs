@@ -35,7 +35,7 @@ const JSONB: u32 = 3802;
 /// Every PostgreSQL finding.
 pub fn findings(facts: &PgFacts, target: &Target<'_>) -> Vec<Finding> {
     let mut out = Vec::new();
-    server(&facts.server, &mut out);
+    server(&facts.server, target.spec.decode_on_standby, &mut out);
     replication_role(facts, &mut out);
     super::messages::version(facts, target.spec, &mut out);
     if !target.spec.outbox() {
@@ -88,7 +88,7 @@ struct Outbox<'a> {
     columns: &'a OutboxTarget<'a>,
 }
 
-fn server(server: &ServerSettings, out: &mut Vec<Finding>) {
+fn server(server: &ServerSettings, decode_on_standby: bool, out: &mut Vec<Finding>) {
     let seventeen = "failover slots (a slot that survives a promotion, [postgres] failover_slot) need PostgreSQL 17";
     out.push(if server.version_num >= SUPPORTED_SINCE {
         let features = if server.version_num >= FAILOVER_SLOTS_SINCE {
@@ -113,14 +113,14 @@ fn server(server: &ServerSettings, out: &mut Vec<Finding>) {
             "upgrade PostgreSQL to 13 or later",
         )
     });
-    out.push(if server.in_recovery {
-        Finding::problem(
+    out.push(match (server.in_recovery, decode_on_standby) {
+        (false, _) => Finding::ok("postgres.primary", "the server is a primary"),
+        (true, false) => Finding::problem(
             "postgres.primary",
             "the server is in recovery (a standby): the relay streams from a primary and would wait here until this server is promoted",
-            "point [postgres] url at the primary, or list every host with target_session_attrs=read-write",
-        )
-    } else {
-        Finding::ok("postgres.primary", "the server is a primary")
+            "point [postgres] url at the primary, or list every host with target_session_attrs=read-write; or, on PostgreSQL 16+, decode on this standby: set [postgres] primary_url to its primary",
+        ),
+        (true, true) => standby(server),
     });
     out.push(if server.wal_level == "logical" {
         Finding::ok("postgres.wal_level", "wal_level = logical")
@@ -134,6 +134,51 @@ fn server(server: &ServerSettings, out: &mut Vec<Finding>) {
             "ALTER SYSTEM SET wal_level = logical (or set it in postgresql.conf), then restart PostgreSQL",
         )
     });
+}
+
+/// A standby the relay is to decode on (`[postgres] primary_url`): PostgreSQL 16+, and
+/// what keeps its slot valid.
+fn standby(server: &ServerSettings) -> Finding {
+    const ID: &str = "postgres.primary";
+    if server.version_num < 160_000 {
+        return Finding::problem(
+            ID,
+            format!(
+                "the server is a standby and [postgres] primary_url asks to decode on it, which needs PostgreSQL 16 or later (it runs {})",
+                server.version
+            ),
+            "upgrade the standby to 16 or later, or remove primary_url (the relay then waits for a promotion)",
+        );
+    }
+    let mut missing = Vec::new();
+    let mut fixes = Vec::new();
+    if !server.hot_standby_feedback {
+        missing.push("hot_standby_feedback is off");
+        fixes.push(
+            "ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf(); (on the standby)",
+        );
+    }
+    if server.primary_slot_name.is_empty() {
+        missing.push("no primary_slot_name (no physical slot on the primary)");
+        fixes.push("SELECT pg_create_physical_replication_slot('standby1') on the primary, then ALTER SYSTEM SET primary_slot_name = 'standby1'; SELECT pg_reload_conf(); on the standby");
+    }
+    if missing.is_empty() {
+        return Finding::ok(
+            ID,
+            format!(
+                "the server is a standby (PostgreSQL {}) and the relay decodes on it ([postgres] primary_url); hot_standby_feedback is on and it replays through physical slot {:?}",
+                server.version, server.primary_slot_name
+            ),
+        );
+    }
+    Finding::problem(
+        ID,
+        format!(
+            "the relay decodes on this standby, but {}: the primary's vacuum can remove catalog rows the slot still needs, and PostgreSQL then invalidates the slot (a recovery conflict) and the relay stops with a lost slot",
+            missing.join(" and ")
+        ),
+        fixes.join("; "),
+    )
 }
 
 fn replication_role(facts: &PgFacts, out: &mut Vec<Finding>) {

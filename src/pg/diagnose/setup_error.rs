@@ -12,7 +12,7 @@ use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     /// A standby, or a primary restarting from a backup: it may be promoted, so wait.
-    #[error("PostgreSQL is in recovery (a standby, or a server restoring from a backup): the relay needs a primary, since logical decoding of its slot cannot run while in recovery; waiting for it to be promoted")]
+    #[error("PostgreSQL is in recovery (a standby, or a server restoring from a backup): the relay streams from a primary and does not stream while in recovery; waiting for it to be promoted (to decode on this standby instead, PostgreSQL 16+: set [postgres] primary_url to its primary)")]
     InRecovery,
     #[error("PostgreSQL has wal_level={found}, logical replication needs wal_level=logical: set wal_level=logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL")]
     WalLevel { found: String },

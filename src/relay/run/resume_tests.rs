@@ -19,6 +19,7 @@ fn prepared(slot_lsn: u64, record: Option<(u64, &str)>) -> PreparedSource {
         server_version: "15".into(),
         outboxes: Vec::new(),
         failover_slot: false,
+        on_standby: false,
         record: record.map(|(lsn, system)| SlotRecord {
             created_at: None,
             first_streamed_at: Some("2026-12-07 00:00:00+00".into()),

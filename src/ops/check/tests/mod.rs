@@ -28,6 +28,7 @@ fn spec() -> SourceSpec {
         state_table: QualifiedName::parse("public.outbox_relay_state").unwrap(),
         failover: true,
         messages: false,
+        decode_on_standby: false,
     }
 }
 
@@ -69,6 +70,8 @@ fn healthy() -> PgFacts {
             synchronized_standby_slots: None,
             reads_all_stats: true,
             signals_backends: true,
+            hot_standby_feedback: false,
+            primary_slot_name: String::new(),
         },
         replication_session: Ok(()),
         tables: vec![Ok(Some(TableFacts {

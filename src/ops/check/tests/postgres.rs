@@ -268,3 +268,56 @@ fn several_outbox_tables_are_checked_each_by_its_key_and_published_together() {
     assert_eq!(refused[0].id, "outbox[1].table");
     assert!(refused[0].message.contains("t2.outbox"), "{refused:#?}");
 }
+
+#[test]
+fn a_standby_to_decode_on_needs_16_feedback_and_a_physical_slot() {
+    let mut spec = spec();
+    spec.decode_on_standby = true;
+    let mut facts = healthy();
+    facts.server.in_recovery = true;
+    facts.server.version_num = 160_004;
+    let router = router(&[]);
+    let check = |facts: &PgFacts, spec: &SourceSpec| {
+        findings(
+            facts,
+            &Target {
+                spec,
+                outboxes: vec![OutboxTarget::of(&router)],
+                config_hint: "--config relay.toml".into(),
+            },
+        )
+    };
+    let found = check(&facts, &spec);
+    let refused = problems(&found);
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert_eq!(refused[0].id, "postgres.primary");
+    assert!(
+        refused[0].message.contains("hot_standby_feedback is off"),
+        "{refused:#?}"
+    );
+    assert!(
+        refused[0].message.contains("no primary_slot_name"),
+        "{refused:#?}"
+    );
+    facts.server.hot_standby_feedback = true;
+    facts.server.primary_slot_name = "standby1".into();
+    let found = check(&facts, &spec);
+    assert!(problems(&found).is_empty(), "{found:#?}");
+    assert!(found
+        .iter()
+        .any(|f| f.id == "postgres.primary" && f.message.contains("decodes on it")));
+    facts.server.version_num = 150_008;
+    let found = check(&facts, &spec);
+    assert!(
+        problems(&found)[0].message.contains("needs PostgreSQL 16"),
+        "{found:#?}"
+    );
+    // Without primary_url a standby is still a problem, and the fix names primary_url.
+    spec.decode_on_standby = false;
+    let found = check(&facts, &spec);
+    assert!(problems(&found)[0]
+        .fix
+        .as_deref()
+        .unwrap_or("")
+        .contains("primary_url"));
+}
