@@ -193,3 +193,59 @@ fn a_promotion_of_the_standby_is_followed_on_the_same_slot() {
     });
     assert_eq!(relay.exit_status(), None, "the relay runs on");
 }
+
+#[test]
+fn a_slot_invalidated_by_a_recovery_conflict_stops_the_relay_as_a_lost_slot() {
+    let primary = primary();
+    // No feedback: the primary's vacuum may remove catalog rows the standby's slot
+    // needs, and replaying that invalidates the slot (what check warns about).
+    let standby = primary.start_standby(
+        STANDBY_SLOT,
+        "app",
+        &[
+            ("hot_standby_feedback", "off"),
+            ("max_standby_streaming_delay", "0"),
+        ],
+    );
+    let relay = RelayProcess::start(&config(&standby, &primary));
+    relay.wait_streaming(&standby.superuser_url(), SLOT, WAIT);
+    let mut seen = HashSet::new();
+    let want = insert_events(&primary, "before", 5);
+    support::wait_until("the rows arrive", WAIT, || {
+        want.iter().all(|id| ids(&mut seen, &relay).contains(id))
+    });
+    // The relay stops; its slot keeps its catalog horizon. Catalog rows made dead and
+    // vacuumed away on the primary past that horizon: replaying that on the standby
+    // invalidates the slot.
+    relay.kill9();
+    drop(relay);
+    support::wait_until(
+        "the standby's slot is invalidated by a recovery conflict",
+        WAIT,
+        || {
+            let mut client = primary.client_db("app");
+            client
+                .batch_execute("CREATE TABLE churn (x int); DROP TABLE churn;")
+                .unwrap();
+            client
+                .batch_execute("VACUUM pg_class, pg_attribute, pg_type, pg_depend")
+                .unwrap();
+            count(
+                &standby,
+                "SELECT count(*) FROM pg_replication_slots s \
+              WHERE coalesce((to_jsonb(s) ->> 'conflicting')::boolean, false) \
+                 OR (to_jsonb(s) ->> 'invalidation_reason') IS NOT NULL",
+            ) == 1
+        },
+    );
+    // A relay started now refuses the slot: a lost slot, never a silent new one.
+    let relay = RelayProcess::start(&config(&standby, &primary));
+    let status = relay.wait_exit(WAIT);
+    assert!(
+        !status.success(),
+        "the relay stops, it does not make a new slot"
+    );
+    let stderr = plain(&relay.stderr());
+    assert!(stderr.contains("recovery conflict"), "{stderr}");
+    assert!(stderr.contains("backfill"), "names the way back: {stderr}");
+}
