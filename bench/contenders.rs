@@ -94,8 +94,8 @@ pub(crate) struct Costs {
     broker: Option<CpuTime>,
     machine: CpuTime,
     wal_bytes: u64,
-    /// CPU of our own children reaped in the window (pg_recvlogical).
-    reaped_by_us: CpuTime,
+    /// CPU of our own children reaped in the window (pg_recvlogical; (j)'s relays).
+    pub(crate) reaped_by_us: CpuTime,
 }
 
 /// CPU of the children this process has waited for (cutime + cstime).
@@ -345,9 +345,13 @@ impl Bench<'_> {
         sink: &str,
         dir: &Path,
     ) -> Result<Command, String> {
+        self.relay_command_with(&self.relay_config(slot, sink)?, dir)
+    }
+
+    /// [`Bench::relay_command`] with the config `config`.
+    pub(crate) fn relay_command_with(&self, config: &str, dir: &Path) -> Result<Command, String> {
         let config_path = dir.join("relay.toml");
-        std::fs::write(&config_path, self.relay_config(slot, sink)?)
-            .map_err(|err| format!("writing config: {err}"))?;
+        std::fs::write(&config_path, config).map_err(|err| format!("writing config: {err}"))?;
         let log = std::fs::File::create(dir.join("relay.log"))
             .map_err(|err| format!("relay log: {err}"))?;
         let mut command = Command::new(&self.relay_bin);
@@ -422,8 +426,19 @@ pub(crate) struct KillOnDrop(pub(crate) Child);
 impl KillOnDrop {
     /// SIGTERM (the relay drains and sends a final status update), then waits.
     pub(crate) fn stop(&mut self, timeout: Duration) -> Result<(), String> {
+        self.terminate();
+        self.wait_stopped(timeout)
+    }
+
+    /// SIGTERM without waiting (several relays asked to stop at once). Once only: a
+    /// second signal makes the relay exit without draining.
+    pub(crate) fn terminate(&self) {
         let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    }
+
+    /// Waits for the relay to exit after [`KillOnDrop::terminate`].
+    pub(crate) fn wait_stopped(&mut self, timeout: Duration) -> Result<(), String> {
         match wait_child(&mut self.0, timeout) {
             Some(_) => Ok(()),
             None => Err(format!(
@@ -461,7 +476,7 @@ fn log_lines(path: &Path) -> Vec<serde_json::Value> {
 }
 
 /// `events` of the relay's "stopped" line.
-fn stopped_events(path: &Path) -> Option<u64> {
+pub(crate) fn stopped_events(path: &Path) -> Option<u64> {
     log_lines(path)
         .iter()
         .rev()
@@ -469,7 +484,7 @@ fn stopped_events(path: &Path) -> Option<u64> {
         .and_then(|line| field(line, "events").as_u64())
 }
 
-fn warning_lines(path: &Path) -> Vec<String> {
+pub(crate) fn warning_lines(path: &Path) -> Vec<String> {
     log_lines(path)
         .into_iter()
         .filter(|line| matches!(line["level"].as_str(), Some("WARN" | "ERROR")))

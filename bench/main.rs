@@ -34,6 +34,10 @@
 //!          (its own load, on bench_messages), relay → Kafka; WAL per event of both loads
 //! (i)      a backlog through a broker outage: 100,000 x ~4 KB and 2,000 x ~256 KB rows
 //!          on slots of their own, the broker frozen 20 s; peak RSS (bench/outage.rs)
+//! (j)      many outboxes: the load's events spread over 20 tables (tenant_i.outbox, its
+//!          own load, the tables in turn), read by ONE relay ([[outbox]] × 20, one slot)
+//!          and by 20 relays at once (a table, slot and publication each), both sets of
+//!          slots created before that load (bench/many.rs)
 //! (f)      latency: writers at 1k, 5k, 20k events/s for 30 s each, commit → consumer,
 //!          for a plain producer, the relay, Debezium, the polling relay (100 ms, 1 s)
 //! out      the markdown table on stdout; results.json and chart.png in --out-dir
@@ -49,6 +53,9 @@ mod contenders;
 mod debezium;
 mod latency;
 mod latency_runs;
+mod many;
+mod many_run;
+mod options;
 mod outage;
 mod output;
 mod plan;
@@ -65,93 +72,15 @@ use outbox_relay_harness::procstat;
 
 use contenders::{Bench, Measured};
 use latency_runs::LatencyPlan;
+use options::Options;
 use plan::Plan;
 use report::Report;
 
 /// The contenders a run can select (`--only`).
 const CONTENDERS: &[&str] = &[
     "ceiling", "kafka", "eos", "stdout", "debezium", "polling", "large", "messages", "outage",
-    "latency",
+    "many", "latency",
 ];
-
-#[derive(Debug, Parser)]
-#[command(about = "outbox-relay side by side: the ceiling, the relay, Debezium, the polling relay")]
-struct Options {
-    /// Every contender on a few thousand events, no idle wait: proves the benchmark
-    /// works in well under a minute; its figures mean nothing.
-    #[arg(long)]
-    smoke: bool,
-    /// Events of the preloaded WAL [default: 500000; smoke 2000].
-    #[arg(long)]
-    events: Option<u64>,
-    /// Transaction sizes of the load, each carrying an equal share of the events
-    /// [default: 1,10,100,1000; smoke 1,10,100].
-    #[arg(long, value_delimiter = ',')]
-    txn_sizes: Option<Vec<u32>>,
-    /// Rows of the one transaction of (g) [default: 1000000; smoke 2000]; 0 skips it.
-    #[arg(long)]
-    large_txn: Option<u64>,
-    /// Characters of filler in each payload (164 bytes of JSON in all at 100).
-    #[arg(long, default_value_t = 100)]
-    payload_pad: u32,
-    /// Rows of ~4 KB JSON in the backlog of (i), the broker outage [default: 100000;
-    /// smoke 500]; 0 skips that run.
-    #[arg(long)]
-    outage_events: Option<u64>,
-    /// Rows of ~256 KB JSON in the second backlog of (i) [default: 2000; smoke 20]; 0
-    /// skips that run.
-    #[arg(long)]
-    outage_large_events: Option<u64>,
-    /// Seconds the broker is frozen (SIGSTOP) in (i) [default: 20; smoke 1].
-    #[arg(long)]
-    outage_s: Option<u64>,
-    /// Another relay binary (the code before a change, built elsewhere) to run on (b)
-    /// and (i) too, each on slots of its own: before/after in one run.
-    #[arg(long)]
-    baseline_bin: Option<PathBuf>,
-    /// Worker counts of the polling relay, one run each.
-    #[arg(long, value_delimiter = ',', default_value = "1,4")]
-    polling_workers: Vec<usize>,
-    /// Writer rates of the latency runs, events/s [default: 1000,5000,20000; smoke 200].
-    #[arg(long, value_delimiter = ',')]
-    latency_rates: Option<Vec<u32>>,
-    /// Rates of the latency runs whose writer commits one event per transaction,
-    /// transactions/s [default: 5000; smoke 200; 0 = none].
-    #[arg(long, value_delimiter = ',')]
-    latency_single_rates: Option<Vec<u32>>,
-    /// Seconds each latency run writes [default: 30; smoke 2].
-    #[arg(long)]
-    latency_seconds: Option<u64>,
-    /// The latency contenders (producer, relay, debezium, polling-100ms, polling-1s)
-    /// [default: all].
-    #[arg(long, value_delimiter = ',')]
-    latency_contenders: Option<Vec<String>>,
-    /// Run only these contenders (ceiling, kafka, eos, stdout, debezium, polling, large,
-    /// messages, outage, latency).
-    #[arg(long, value_delimiter = ',')]
-    only: Option<Vec<String>>,
-    /// Where results.json and chart.png go [default: target/side-by-side].
-    #[arg(long)]
-    out_dir: Option<PathBuf>,
-    /// Write the results as JSON to this file too.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    /// Only draw chart.png (into --out-dir) from a results.json of an earlier run.
-    #[arg(long)]
-    redraw: Option<PathBuf>,
-    /// Before each contender, wait until the machine's CPUs are at most this % busy ...
-    #[arg(long, default_value_t = 20.0)]
-    idle_max_busy: f64,
-    /// ... for at most this long [default: 1800; smoke 0 = do not wait].
-    #[arg(long)]
-    idle_wait_s: Option<u64>,
-    /// Give up on a contender after this long.
-    #[arg(long, default_value_t = 900)]
-    timeout_s: u64,
-    /// Passed by `cargo bench`; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
-}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -208,7 +137,7 @@ fn run(options: &Options) -> Result<(), String> {
     let busy_before_run = procstat::busy_percent(Duration::from_secs(if smoke { 1 } else { 3 }));
 
     log("starting PostgreSQL");
-    let pg = setup::start_postgres();
+    let pg = setup::start_postgres(plan.extra_slots());
     let kafka = plan.needs_kafka().then(|| {
         log("starting Apache Kafka");
         setup::start_kafka()
@@ -450,6 +379,14 @@ fn run(options: &Options) -> Result<(), String> {
         );
     }
 
+    let mut many_runs = Vec::new();
+    if selected("many") {
+        let (rows, runs, load_note) = many::run(&mut bench, &plan.many)?;
+        measured.extend(rows);
+        many_runs = runs;
+        notes.push(load_note);
+    }
+
     let mut latency = Vec::new();
     if selected("latency") {
         bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
@@ -495,6 +432,7 @@ fn run(options: &Options) -> Result<(), String> {
             "outage_events": outage_plan.events,
             "outage_large_events": outage_plan.large_events,
             "outage_s": outage_plan.length.as_secs(),
+            "many_tables": plan.many.tables,
             "baseline_bin": options.baseline_bin,
             "payload_pad": options.payload_pad,
             "polling_workers": options.polling_workers,
@@ -507,6 +445,7 @@ fn run(options: &Options) -> Result<(), String> {
         load,
         contenders: rows,
         latency,
+        many: many_runs,
         targets,
         notes,
     };

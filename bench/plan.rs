@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use crate::latency_runs::LATENCY_CONTENDERS;
 use crate::output::out_dir;
-use crate::{outage, relay_bin, Options, CONTENDERS};
+use crate::{many, outage, relay_bin, Options, CONTENDERS};
+
+/// Most tables (j) may have: a relay and a WAL sender each, on a 2-core machine.
+const MAX_MANY_TABLES: u32 = 200;
 
 /// What a run does, with every default applied.
 pub struct Plan {
@@ -18,6 +21,7 @@ pub struct Plan {
     /// Rows of the one large transaction of (g); 0 skips it.
     pub large_txn: u64,
     pub outage: outage::OutagePlan,
+    pub many: many::ManyPlan,
     /// How long each contender may wait for a quiet machine.
     pub idle_wait: Duration,
     pub latency_rates: Vec<u32>,
@@ -60,6 +64,18 @@ impl Plan {
         };
         let idle_wait =
             Duration::from_secs(options.idle_wait_s.unwrap_or(if smoke { 0 } else { 1800 }));
+        // (j) spreads the standard load over its tables.
+        if !(1..=MAX_MANY_TABLES).contains(&options.many_tables) {
+            return Err(format!("--many-tables must be 1 to {MAX_MANY_TABLES}"));
+        }
+        let many = many::ManyPlan {
+            tables: options.many_tables,
+            events,
+            txn_sizes: txn_sizes.clone(),
+            pad: options.payload_pad,
+            idle_max_busy: options.idle_max_busy,
+            idle_wait,
+        };
         if let Some(only) = &options.only {
             if let Some(unknown) = only.iter().find(|o| !CONTENDERS.contains(&o.as_str())) {
                 return Err(format!("--only {unknown}: choose from {CONTENDERS:?}"));
@@ -118,6 +134,7 @@ impl Plan {
             txn_sizes,
             large_txn,
             outage,
+            many,
             idle_wait,
             latency_rates,
             latency_single_rates,
@@ -147,10 +164,20 @@ impl Plan {
             .map_or(true, |only| only.iter().any(|o| o == name))
     }
 
+    /// Slots (and WAL senders) beyond the harness's 10 that must exist at once: (j)'s,
+    /// one per table and the one of all.
+    pub fn extra_slots(&self) -> u32 {
+        if self.selected("many") {
+            self.many.tables + 1
+        } else {
+            0
+        }
+    }
+
     /// Whether any selected contender needs the broker.
     pub fn needs_kafka(&self) -> bool {
         [
-            "kafka", "eos", "debezium", "polling", "latency", "messages", "outage",
+            "kafka", "eos", "debezium", "polling", "latency", "messages", "outage", "many",
         ]
         .into_iter()
         .any(|name| self.selected(name))

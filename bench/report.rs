@@ -81,6 +81,8 @@ pub struct Report {
     pub load: Load,
     pub contenders: Vec<Row>,
     pub latency: Vec<LatencyRun>,
+    /// (j)'s figures beside its rows' ([`crate::many`]).
+    pub many: Vec<crate::many::ManyRun>,
     pub targets: Vec<Target>,
     pub notes: Vec<String>,
 }
@@ -118,10 +120,12 @@ fn at_reference_rate<'a>(latency: &'a [LatencyRun], contender: &str) -> Option<&
     })
 }
 
-/// The contenders that read a load of their own ((g), (h), (i)): no ratios, not in the
-/// throughput chart.
+/// The contenders that read a load of their own ((g), (h), (i), (j)): no ratios, not in
+/// the throughput chart.
 fn own_load(id: &str) -> bool {
-    matches!(id, "relay-large" | "relay-messages") || id.contains("-outage-")
+    matches!(id, "relay-large" | "relay-messages")
+        || id.contains("-outage-")
+        || id.starts_with("many-")
 }
 
 pub fn rows(measured: &[Measured], latency: &[LatencyRun]) -> Vec<Row> {
@@ -362,6 +366,7 @@ pub fn markdown(report: &Report) -> String {
                 .map_or_else(|| "–".to_owned(), |d| d.to_string()),
         );
     }
+    out.push_str(&crate::many::markdown(&report.many, &report.contenders));
     if !report.latency.is_empty() {
         out.push_str(
             "\nLatency, commit → record read by a consumer (writers at fixed rates):\n\n\

@@ -36,9 +36,10 @@ CREATE INDEX outbox_unpublished ON public.outbox (created_at) WHERE published_at
 /// The loop both loads share, as `CREATE PROCEDURE <name>(total, sizes, pad)`: `total`
 /// events in rounds; each round writes `max(sizes)` events in transactions of each size
 /// in turn (so every size carries the same share of events), one session, committing
-/// each. `write` writes events `done + 1 ..= done + n` (`g` in `generate_series`).
-/// Returns `pg_current_wal_lsn()` after the last commit: every contender must get past it.
-fn load_procedure(name: &str, write: &str) -> String {
+/// each. `write` writes events `done + 1 ..= done + n` (`g` in `generate_series`) as
+/// transaction `txn` (0, 1, 2, ...). Returns `pg_current_wal_lsn()` after the last
+/// commit: every contender must get past it.
+pub(crate) fn load_procedure(name: &str, write: &str) -> String {
     format!(
         "
 CREATE PROCEDURE {name}(total bigint, sizes int[], pad int, INOUT target pg_lsn DEFAULT NULL)
@@ -46,6 +47,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     block int := (SELECT max(s) FROM unnest(sizes) AS s);
     done bigint := 0;
+    txn bigint := 0;
     size int;
     k bigint;
     n bigint;
@@ -57,6 +59,7 @@ BEGIN
                 n := least(size, block - k, total - done);
                 {write}
                 COMMIT;
+                txn := txn + 1;
                 done := done + n;
                 k := k + n;
             END LOOP;
@@ -91,15 +94,27 @@ const MESSAGES_LOAD_WRITE: &str = "PERFORM pg_logical_emit_message(true, (ARRAY[
 /// publication; pgoutput needs one to start).
 pub const MESSAGES_PUBLICATION: &str = "bench_messages";
 
+/// Replication slots and WAL senders the harness allows.
+const HARNESS_MAX_SLOTS: u32 = 10;
+
 /// Starts the cluster: the harness's settings (fsync=off among them) plus
 /// autovacuum=off (no background work inside a measurement) and a large max_wal_size
-/// (no checkpoint forced by WAL volume).
-pub fn start_postgres() -> PgCluster {
+/// (no checkpoint forced by WAL volume). `slots`: the slots (and WAL senders) a
+/// contender needs at once beyond the harness's 10 ((j) has one per table): both limits
+/// are raised by that much; with 0 they stay the harness's.
+pub fn start_postgres(slots: u32) -> PgCluster {
+    let mut extra_conf: Vec<(String, String)> = vec![
+        ("autovacuum".into(), "off".into()),
+        ("max_wal_size".into(), "8GB".into()),
+    ];
+    if slots > 0 {
+        let limit = (HARNESS_MAX_SLOTS + slots).to_string();
+        // Later -c options win over the harness's.
+        extra_conf.push(("max_wal_senders".into(), limit.clone()));
+        extra_conf.push(("max_replication_slots".into(), limit));
+    }
     let pg = PgCluster::start_with(PgOptions {
-        extra_conf: vec![
-            ("autovacuum".into(), "off".into()),
-            ("max_wal_size".into(), "8GB".into()),
-        ],
+        extra_conf,
         ..PgOptions::default()
     });
     pg.batch_execute(&format!("CREATE DATABASE {DATABASE}"));
@@ -179,7 +194,8 @@ pub fn load_messages(client: &mut Client, events: u64, txn_sizes: &[u32], pad: u
     load_with(client, "bench_load_messages", events, txn_sizes, pad)
 }
 
-fn load_with(
+/// Runs `procedure` (made by [`load_procedure`]) and takes a CHECKPOINT after it.
+pub(crate) fn load_with(
     client: &mut Client,
     procedure: &str,
     events: u64,
