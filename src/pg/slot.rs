@@ -396,7 +396,10 @@ fn check_existing_slot(found: &QueryResult, slot: &str) -> Result<(), SetupError
             found.get(0, "current_db").unwrap_or_default()
         )));
     }
-    let conflicting = found.get(0, "conflicting") == Some("t");
+    // PostgreSQL 16 sets `conflicting` for every invalidated logical slot, WAL removal
+    // included (17 separates them): a recovery conflict only when the WAL is there.
+    let conflicting =
+        found.get(0, "conflicting") == Some("t") && found.get(0, "wal_status") != Some("lost");
     if found.get(0, "wal_status") == Some("lost")
         || found.get(0, "invalidation_reason").is_some()
         || conflicting
