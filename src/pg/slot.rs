@@ -308,7 +308,7 @@ async fn ensure_slot(
         tracing::info!(%slot, %lsn, "created replication slot on the standby");
         return Ok((lsn, true));
     }
-    check_existing_slot(&found, slot)?;
+    check_existing_slot(&found, slot, primary.is_some())?;
     if failover && found.get(0, "failover") != Some("t") {
         conn.simple_query(&format!(
             "ALTER_REPLICATION_SLOT {} (FAILOVER true)",
@@ -381,7 +381,11 @@ async fn make_slot(
 }
 
 /// A slot of that name exists: it must be ours to stream from.
-fn check_existing_slot(found: &QueryResult, slot: &str) -> Result<(), SetupError> {
+fn check_existing_slot(
+    found: &QueryResult,
+    slot: &str,
+    on_standby: bool,
+) -> Result<(), SetupError> {
     let plugin = found.get(0, "plugin").unwrap_or_default();
     if found.get(0, "slot_type") != Some("logical") || plugin != "pgoutput" {
         return Err(definite(format!(
@@ -397,9 +401,8 @@ fn check_existing_slot(found: &QueryResult, slot: &str) -> Result<(), SetupError
         )));
     }
     // PostgreSQL 16 sets `conflicting` for every invalidated logical slot, WAL removal
-    // included (17 separates them): a recovery conflict only when the WAL is there.
-    let conflicting =
-        found.get(0, "conflicting") == Some("t") && found.get(0, "wal_status") != Some("lost");
+    // included (17 names the reason): taken for a recovery conflict only on a standby.
+    let conflicting = on_standby && found.get(0, "conflicting") == Some("t");
     if found.get(0, "wal_status") == Some("lost")
         || found.get(0, "invalidation_reason").is_some()
         || conflicting
