@@ -86,8 +86,13 @@ fn invalidation_cause(reason: Option<&str>) -> String {
     match reason {
         Some("idle_timeout") => "it was unused for longer than idle_replication_slot_timeout (PostgreSQL 18), so PostgreSQL stopped keeping the WAL it needed; set that timeout above the longest time the relay may be stopped, or 0 to turn it off".to_owned(),
         // A slot on a standby (16: `conflicting`; 17+: these reasons).
-        Some("rows_removed" | "wal_level_insufficient" | "a recovery conflict on the standby") => {
-            "decoding on a standby, the slot met a recovery conflict: the primary removed catalog rows it still needed (turn hot_standby_feedback on and give the standby a physical slot, primary_slot_name), or the primary's wal_level fell below logical (PostgreSQL 16 does not tell this from the WAL it needed being removed, max_slot_wal_keep_size)".to_owned()
+        Some(reason @ ("rows_removed" | "wal_level_insufficient" | "a recovery conflict on the standby")) => {
+            let said = if reason.starts_with('a') {
+                "PostgreSQL 16 does not tell this from the WAL it needed being removed, max_slot_wal_keep_size".to_owned()
+            } else {
+                format!("PostgreSQL gives the reason {reason:?}")
+            };
+            format!("decoding on a standby, the slot met a recovery conflict: the primary removed catalog rows it still needed (turn hot_standby_feedback on and give the standby a physical slot, primary_slot_name), or the primary's wal_level fell below logical ({said})")
         }
         None | Some("wal_removed") => {
             "the WAL it needed was removed, usually because of max_slot_wal_keep_size".to_owned()
