@@ -116,17 +116,9 @@ pub async fn slot_status(settings: &Settings) -> Result<SlotStatus, RelayError> 
     let resolved = crate::pg::slot::resolve_tables(&mut conn, &spec).await?;
     let mut tables = Vec::with_capacity(resolved.tables.len());
     for table in &resolved.tables {
-        let published = conn
-            .simple_query(&format!(
-                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables \
-                   WHERE pubname = {} AND schemaname = {} AND tablename = {}) AS published",
-                quote_literal(&spec.publication),
-                quote_literal(&table.schema),
-                quote_literal(&table.name)
-            ))
+        let published = crate::pg::slot::is_published(&mut conn, &spec.publication, table)
             .await
-            .ok()
-            .map(|found| found.get(0, "published") == Some("t"));
+            .ok();
         tables.push((table.to_string(), published));
     }
     conn.close(Duration::from_secs(1)).await;

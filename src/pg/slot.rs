@@ -17,7 +17,9 @@ use crate::pg::sql::{quote_ident, quote_literal};
 use crate::pg::state;
 use crate::pg::url::ConnectParams;
 use crate::Lsn;
-pub use publication::{create_publication_sql, join_publication, matching_tables, resolve_tables};
+pub use publication::{
+    create_publication_sql, is_published, join_publication, matching_tables, resolve_tables,
+};
 use publication::{ensure_publication, outbox_relations};
 
 /// PostgreSQL 14 (`server_version_num`) brought pgoutput's `messages` option.

@@ -213,19 +213,8 @@ pub(super) async fn ensure_publication(
     for table in &spec.tables {
         if spec.from_pattern(table) {
             // The relay adds its patterns' tables itself.
-            if join_publication(conn, publication, table).await? {
-                continue;
-            }
-        }
-        let includes = conn
-            .simple_query(&format!(
-                "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = {} AND schemaname = {} AND tablename = {}",
-                quote_literal(publication),
-                quote_literal(&table.schema),
-                quote_literal(&table.name)
-            ))
-            .await?;
-        if includes.rows.is_empty() {
+            join_publication(conn, publication, table).await?;
+        } else if !is_published(conn, publication, table).await? {
             missing.push(table);
         }
     }
@@ -248,16 +237,13 @@ pub(super) async fn ensure_publication(
     Ok(false)
 }
 
-/// Adds a pattern's `table` to the publication unless it is in it already; logs the
-/// position from which its rows are streamed. `Ok(true)`: it is in the publication now.
-/// Rows committed to it before that position are not in the stream, and the log says
-/// so: `outbox-relay backfill --table` sends those still in the table.
-pub async fn join_publication(
+/// `pg_publication_tables` lists `table` in `publication` (under its own name).
+pub async fn is_published(
     conn: &mut PgConnection,
     publication: &str,
     table: &QualifiedName,
-) -> Result<bool, SetupError> {
-    let published = conn
+) -> Result<bool, PgError> {
+    let found = conn
         .simple_query(&format!(
             "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = {} AND schemaname = {} AND tablename = {}",
             quote_literal(publication),
@@ -265,8 +251,20 @@ pub async fn join_publication(
             quote_literal(&table.name)
         ))
         .await?;
-    if !published.rows.is_empty() {
-        return Ok(true);
+    Ok(!found.rows.is_empty())
+}
+
+/// Adds a pattern's `table` to the publication unless it is in it already; logs the
+/// position from which its rows are streamed. Rows committed to it before that
+/// position are not in the stream, and the log says so: `outbox-relay backfill
+/// --table` sends those still in the table.
+pub async fn join_publication(
+    conn: &mut PgConnection,
+    publication: &str,
+    table: &QualifiedName,
+) -> Result<(), SetupError> {
+    if is_published(conn, publication, table).await? {
+        return Ok(());
     }
     let add = format!(
         "ALTER PUBLICATION {} ADD TABLE {}",
@@ -293,5 +291,5 @@ pub async fn join_publication(
         joined_at = %joined_at,
         "an outbox table of a pattern joined the publication: its rows are streamed from here on; rows committed to it before {joined_at} are not in the stream, send those still in the table with `outbox-relay backfill --since -infinity --table {table}`"
     );
-    Ok(true)
+    Ok(())
 }
