@@ -2,8 +2,9 @@
 //! primary and a physical standby made with `pg_backup_start`/copy: the relay's slot and
 //! WAL sender are on the standby (the primary runs no logical WAL sender), the slot is
 //! created without waiting for the primary's next write, the relay's record is written
-//! on the primary, and nothing is lost across a `kill -9` of the relay and a restart of
-//! the standby. Event ids are compared, not counts.
+//! on the primary, nothing is lost across a `kill -9` of the relay and a restart of
+//! the standby, and a tenant's table created meanwhile joins through the primary without
+//! a restart. Event ids are compared, not counts.
 //!
 //! Runs on PostgreSQL 16 unless `PG_BINDIR` names 16 or later (CI's version lanes).
 
@@ -252,4 +253,81 @@ fn a_slot_invalidated_by_a_recovery_conflict_stops_the_relay_as_a_lost_slot() {
     let stderr = plain(&relay.stderr());
     assert!(stderr.contains("recovery conflict"), "{stderr}");
     assert!(stderr.contains("backfill"), "names the way back: {stderr}");
+}
+
+/// Inserts `n` events into `table` of database `app` on `pg`; their ids.
+fn insert_into(pg: &PgCluster, table: &str, n: usize) -> Vec<String> {
+    let mut client = pg.client_db("app");
+    (0..n)
+        .map(|_| {
+            client
+                .query_one(
+                    &format!(
+                        "INSERT INTO {table} (aggregatetype, aggregateid, type, payload)
+                         VALUES ('tenant', 'a', 'T', '{{}}') RETURNING id::text"
+                    ),
+                    &[],
+                )
+                .unwrap_or_else(|e| panic!("inserting into {table}: {e}"))
+                .get(0)
+        })
+        .collect()
+}
+
+#[test]
+fn a_tenant_table_created_while_the_relay_decodes_on_the_standby_joins_without_a_restart() {
+    let primary = primary();
+    primary
+        .client_db("app")
+        .batch_execute(
+            "CREATE SCHEMA tenant_1; CREATE TABLE tenant_1.outbox (LIKE public.outbox INCLUDING ALL);",
+        )
+        .unwrap();
+    let standby = primary.start_standby(STANDBY_SLOT, "app", &[("hot_standby_feedback", "on")]);
+    let config = format!(
+        "[postgres]\nurl = \"{}\"\nprimary_url = \"{}\"\nslot = \"{SLOT}\"\nstatus_interval_ms = 200\n\
+         [[outbox]]\ntable = \"tenant_*.outbox\"\n\
+         [sink]\ntype = \"stdout\"\n",
+        standby.url("postgres", None, "app"),
+        primary.url("postgres", None, "app")
+    );
+    let relay = RelayProcess::start(&config);
+    relay.wait_streaming(&standby.superuser_url(), SLOT, WAIT);
+    let mut seen = HashSet::new();
+    let mut want = insert_into(&primary, "tenant_1.outbox", 5);
+    support::wait_until("tenant_1's rows arrive through the standby", WAIT, || {
+        want.iter().all(|id| ids(&mut seen, &relay).contains(id))
+    });
+
+    // A tenant provisioned on the primary while the relay streams on the standby: the
+    // standby cannot alter the publication, so the watch adds the table on the primary
+    // and waits for the standby to replay that, without ending the session.
+    primary
+        .client_db("app")
+        .batch_execute(
+            "CREATE SCHEMA tenant_2; CREATE TABLE tenant_2.outbox (LIKE public.outbox INCLUDING ALL);",
+        )
+        .unwrap();
+    support::wait_until(
+        "the relay adds tenant_2.outbox to the publication on the primary",
+        WAIT,
+        || {
+            count(
+                &primary,
+                "SELECT count(*) FROM pg_publication_tables WHERE schemaname = 'tenant_2' AND tablename = 'outbox'",
+            ) == 1
+        },
+    );
+    want.extend(insert_into(&primary, "tenant_2.outbox", 5));
+    want.extend(insert_into(&primary, "tenant_1.outbox", 5));
+    support::wait_until("both tenants' later rows arrive", WAIT, || {
+        want.iter().all(|id| ids(&mut seen, &relay).contains(id))
+    });
+    let stderr = plain(&relay.stderr());
+    assert!(stderr.contains("joined the publication"), "{stderr}");
+    assert!(
+        !stderr.contains("retrying"),
+        "the session went on, no restart: {stderr}"
+    );
+    assert_eq!(relay.exit_status(), None, "the relay runs on");
 }

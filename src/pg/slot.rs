@@ -21,6 +21,7 @@ pub use publication::{
     create_publication_sql, is_published, join_publication, matching_tables, resolve_tables,
 };
 use publication::{ensure_publication, outbox_relations};
+pub(crate) use standby::wait_replayed;
 
 /// PostgreSQL 14 (`server_version_num`) brought pgoutput's `messages` option.
 pub const MESSAGES_SINCE: u32 = 140_000;

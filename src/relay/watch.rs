@@ -27,8 +27,10 @@
 
 use tokio::sync::{mpsc, oneshot};
 
+mod primary;
 mod watched;
 
+use primary::PrimarySide;
 use watched::{first_reading_problem, Watched};
 
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
@@ -74,7 +76,8 @@ pub struct WatchTarget {
     pub patterns: Vec<TablePattern>,
     pub state_table: QualifiedName,
     pub slot: String,
-    /// Decoding on a standby: the primary, where the record is written.
+    /// Decoding on a standby: the primary, where the record and a pattern's new tables
+    /// are written while the standby is in recovery.
     pub primary: Option<ConnectParams>,
 }
 
@@ -115,7 +118,7 @@ impl OutboxWatch {
                 }
             };
             let mut watched = Watched::new(publication, outboxes, patterns);
-            let mut primary_conn: Option<PgConnection> = None;
+            let mut primary = PrimarySide::new(primary);
             let mut baseline = match watched.read(&mut conn).await {
                 Ok((lsn, identities)) => {
                     if let Some(problem) = first_reading_problem(&watched.outboxes, &identities) {
@@ -138,41 +141,14 @@ impl OutboxWatch {
                         if request.is_none() {
                             return;
                         }
-                        watched.check(&mut conn, &mut baseline).await
+                        watched.check(&mut conn, &mut primary, &mut baseline).await
                     }
                     Some((lsn, done)) = record_rx.recv() => {
                         let sql = state::acknowledged_sql(&state_table, &slot, lsn);
-                        // On a standby the record is written on the primary, which the
-                        // standby replays (its table is the same table); once the standby
-                        // is promoted, on itself (the old primary may live on, apart).
-                        let promoted = match &primary {
-                            None => false,
-                            Some(_) => match conn.simple_query("SELECT pg_catalog.pg_is_in_recovery() AS recovery").await {
-                                Ok(found) => found.get(0, "recovery") != Some("t"),
-                                Err(error) => {
-                                    let _ = report_tx.send(WatchReport::Failed(error)).await;
-                                    return;
-                                }
-                            },
-                        };
-                        let written = match &primary {
-                            None => conn.simple_query(&sql).await,
-                            Some(_) if promoted => conn.simple_query(&sql).await,
-                            Some(params) => {
-                                if primary_conn.is_none() {
-                                    match PgConnection::connect(params, SessionKind::Sql).await {
-                                        Ok(opened) => primary_conn = Some(opened),
-                                        Err(error) => {
-                                            let _ = report_tx.send(WatchReport::Failed(error)).await;
-                                            return;
-                                        }
-                                    }
-                                }
-                                match primary_conn.as_mut() {
-                                    Some(on_primary) => on_primary.simple_query(&sql).await,
-                                    None => continue,
-                                }
-                            }
+                        let written = match primary.for_writes(&mut conn).await {
+                            Ok(Some(on_primary)) => on_primary.simple_query(&sql).await,
+                            Ok(None) => conn.simple_query(&sql).await,
+                            Err(error) => Err(error),
                         };
                         match written {
                             Ok(_) => {

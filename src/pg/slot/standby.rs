@@ -65,7 +65,7 @@ pub(super) async fn connect_primary(primary: &ConnectParams) -> Result<PgConnect
 
 /// Waits until the standby (`standby`) has replayed the primary's WAL up to where it
 /// is now: what the relay just wrote there is then visible on the standby.
-pub(super) async fn wait_replayed(
+pub(crate) async fn wait_replayed(
     standby: &mut PgConnection,
     primary: &mut PgConnection,
 ) -> Result<(), SetupError> {

@@ -6,11 +6,12 @@
 use crate::pg::conn::PgConnection;
 use crate::pg::diagnose::SetupError;
 use crate::pg::publication::{identities_query, PublicationChange, PublicationIdentity};
-use crate::pg::slot::{join_publication, matching_tables};
+use crate::pg::slot::{join_publication, matching_tables, wait_replayed};
 use crate::pg::source::{OutboxRelation, TablePattern};
 use crate::pg::sql::{quote_literal, QualifiedName};
 use crate::pg::Lsn;
 
+use super::primary::PrimarySide;
 use super::WatchReport;
 
 /// The first reading must find every outbox as the relay prepared it: the same relation
@@ -65,6 +66,7 @@ impl Watched {
     pub(super) async fn check(
         &mut self,
         conn: &mut PgConnection,
+        primary: &mut PrimarySide,
         baseline: &mut Vec<PublicationIdentity>,
     ) -> WatchReport {
         let (lsn, mut now) = match self.read(conn).await {
@@ -84,7 +86,7 @@ impl Watched {
         if let Some(first) = self.change(baseline, &now) {
             return self.settled(conn, baseline, first).await;
         }
-        match self.discover(conn).await {
+        match self.discover(conn, primary).await {
             Ok(false) => {}
             Ok(true) => match self.read(conn).await {
                 Ok((_, fresh)) => *baseline = fresh,
@@ -122,8 +124,13 @@ impl Watched {
 
     /// Adds the tables the patterns match and the set lacks: to the publication (unless
     /// in it already; [`join_publication`] logs from where they are streamed) and to the
-    /// set. Whether any joined.
-    async fn discover(&mut self, conn: &mut PgConnection) -> Result<bool, WatchReport> {
+    /// set. Whether any joined. On a standby in recovery the table joins on the primary,
+    /// and the standby's replay of that is awaited before its catalog is read again.
+    async fn discover(
+        &mut self,
+        conn: &mut PgConnection,
+        primary: &mut PrimarySide,
+    ) -> Result<bool, WatchReport> {
         if self.patterns.is_empty() {
             return Ok(false);
         }
@@ -135,12 +142,27 @@ impl Watched {
             if self.outboxes.iter().any(|o| o.table == table) {
                 continue;
             }
-            join_publication(conn, &self.publication, &table)
+            let setup_failed = |error| match error {
+                SetupError::Pg(error) => WatchReport::Failed(error),
+                other => WatchReport::Invalid(other.to_string()),
+            };
+            match primary
+                .for_writes(conn)
                 .await
-                .map_err(|error| match error {
-                    SetupError::Pg(error) => WatchReport::Failed(error),
-                    other => WatchReport::Invalid(other.to_string()),
-                })?;
+                .map_err(WatchReport::Failed)?
+            {
+                Some(on_primary) => {
+                    join_publication(on_primary, &self.publication, &table)
+                        .await
+                        .map_err(setup_failed)?;
+                    wait_replayed(conn, on_primary)
+                        .await
+                        .map_err(setup_failed)?;
+                }
+                None => join_publication(conn, &self.publication, &table)
+                    .await
+                    .map_err(setup_failed)?,
+            }
             let relation = conn
                 .simple_query(&format!(
                     "SELECT c.oid, c.relkind FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = {} AND c.relname = {}",
