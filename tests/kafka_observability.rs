@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use outbox_relay::metrics::OLDEST_UNDELIVERED_SECONDS;
 use support::kafka::{consume, read_all, KafkaBroker};
 use support::outbox::{
-    cluster_with_outbox, insert_events, kafka_config, metric, start_streaming, with_metrics, WAIT,
+    cluster_with_outbox, insert_events, kafka_config, metric, plain, start_streaming, with_metrics,
+    WAIT,
 };
 use support::PgOptions;
 
@@ -116,4 +117,45 @@ fn with_kafka_down_the_age_gauge_grows_and_the_log_stays_bounded() {
     assert_eq!(created, 1, "{TOPIC} was created once:\n{log}");
     assert!(read_all(&broker.bootstrap(), &[DEAD_LETTER]).is_empty());
     drop(relay);
+}
+
+/// A topic that exists is used as it is: the relay asks the broker's metadata, not the
+/// controller (CreateTopics, which a loaded cluster answers slowly: 20 relays on one
+/// broker timed out on it and restarted their sessions); a missing one is created with
+/// the configured partitions.
+#[test]
+fn a_topic_that_exists_is_not_created_again_and_a_missing_one_is() {
+    // The controller logs its answer to every CreateTopics request at INFO.
+    let broker = KafkaBroker::start_logging("info");
+    const EXISTING: &str = "outbox.event.existing";
+    const MISSING: &str = "outbox.event.missing";
+    support::create_topic(&broker.bootstrap(), EXISTING, 2);
+    let pg = cluster_with_outbox(PgOptions::default());
+    let config = kafka_config(&pg, &broker.bootstrap(), "", None, &[])
+        .replace("[kafka]\n", "[kafka]\ntopic_partitions = 3\n");
+    let relay = start_streaming(&config);
+    let mut ids = insert_events(&pg, "existing", 3);
+    ids.extend(insert_events(&pg, "missing", 3));
+    let records = consume(&broker.bootstrap(), &[EXISTING, MISSING], ids.len(), WAIT);
+    let got: Vec<String> = records.iter().filter_map(|r| r.header("id")).collect();
+    assert_eq!(got.len(), ids.len());
+    for id in &ids {
+        assert!(got.contains(id), "event {id} missing from {got:?}");
+    }
+    let log = broker.log();
+    let asked: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("CreateTopics") && line.contains(EXISTING))
+        .collect();
+    assert_eq!(
+        asked.len(),
+        1,
+        "only the test's own CreateTopics for {EXISTING}, none from the relay: {asked:?}"
+    );
+    assert!(
+        log.lines()
+            .any(|line| line.contains("CreateTopics") && line.contains(MISSING)),
+        "the missing topic was created through CreateTopics: {log}"
+    );
+    assert!(plain(&relay.stderr()).contains("created topic"));
 }

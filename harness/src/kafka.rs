@@ -98,14 +98,21 @@ pub struct KafkaBroker {
 impl KafkaBroker {
     /// A fresh broker of its own, for tests that stop, pause or restart it.
     pub fn start() -> Self {
-        Self::start_with(None, Listeners::Plain, &mut |_| {})
+        Self::start_with(None, Listeners::Plain, &mut |_| {}, None)
+    }
+
+    /// A fresh broker of its own whose log has Kafka's messages from `level` up (`info`:
+    /// the controller's answer to every CreateTopics request, for instance), whatever
+    /// `KAFKA_TEST_LOG` says.
+    pub fn start_logging(level: &str) -> Self {
+        Self::start_with(None, Listeners::Plain, &mut |_| {}, Some(level))
     }
 
     /// A fresh broker with an SSL and a SASL_SSL listener (SCRAM-SHA-256/512 and PLAIN
     /// for [`SASL_USER`]) besides the plain one: see [`KafkaBroker::ssl_bootstrap`],
     /// [`KafkaBroker::sasl_ssl_bootstrap`] and [`KafkaBroker::tls`].
     pub fn start_secured() -> Self {
-        Self::start_with(None, Listeners::Secured, &mut |_| {})
+        Self::start_with(None, Listeners::Secured, &mut |_| {}, None)
     }
 
     /// A broker listening on its own free port but advertising
@@ -114,7 +121,12 @@ impl KafkaBroker {
     /// `on_listen_port` gets the port the broker is about to listen on, before each
     /// spawn attempt (the readiness check goes through the advertised port).
     pub fn start_advertising(advertised_port: u16, mut on_listen_port: impl FnMut(u16)) -> Self {
-        Self::start_with(Some(advertised_port), Listeners::Plain, &mut on_listen_port)
+        Self::start_with(
+            Some(advertised_port),
+            Listeners::Plain,
+            &mut on_listen_port,
+            None,
+        )
     }
 
     /// The test binary's shared broker, started on first use, leased to one test at a
@@ -150,6 +162,7 @@ impl KafkaBroker {
         advertised_port: Option<u16>,
         listeners: Listeners,
         on_listen_port: &mut dyn FnMut(u16),
+        log_level: Option<&str>,
     ) -> Self {
         let libs = kafka_libs_dir();
         let dir = tempfile::Builder::new()
@@ -169,8 +182,11 @@ impl KafkaBroker {
         if listeners == Listeners::Secured {
             broker.secure = Some(SecureListeners::generate(broker.dir.path()));
         }
-        std::fs::write(broker.dir.path().join("log4j2.properties"), log4j_config())
-            .expect("writing log4j2.properties");
+        std::fs::write(
+            broker.dir.path().join("log4j2.properties"),
+            log4j_config(log_level),
+        )
+        .expect("writing log4j2.properties");
         for attempt in 1..=PORT_ATTEMPTS {
             // Four distinct ports: asked one at a time, the kernel may hand out the same
             // port twice once the first listener is closed, and Kafka refuses two listeners
@@ -336,6 +352,15 @@ impl KafkaBroker {
             log.push_str(&process_log(process));
         }
         tail_lines(&log, LOG_TAIL_LINES)
+    }
+
+    /// Everything the broker printed (stdout and stderr, earlier incarnations included).
+    pub fn log(&self) -> String {
+        let mut log = self.earlier_log.clone();
+        if let Some(process) = &self.process {
+            log.push_str(&process_log(process));
+        }
+        log
     }
 
     fn process(&self) -> &ChildProcess {

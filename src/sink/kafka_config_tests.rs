@@ -312,6 +312,12 @@ fn user_properties_override_defaults_under_any_name() {
         admin_config("b:1", &props(&[("linger.ms", "5")])).get("bootstrap.servers"),
         Some("b:1")
     );
+    // The admin client's metadata look-up before a creation must not make a broker
+    // with auto.create.topics.enable create the topic with its own settings.
+    assert_eq!(
+        admin_config("b:1", &props(&[])).get("allow.auto.create.topics"),
+        Some("false")
+    );
 }
 
 /// A queue bound of `messages` events and 16 MiB.

@@ -56,6 +56,17 @@ impl TopicPreparer {
 
     async fn prepare_as(&self, topic: &str, compacted: bool) -> Result<(), SinkError> {
         if self.create_topics {
+            // A topic that exists needs no CreateTopics: that request goes through the
+            // cluster's controller, which a loaded broker answers slowly (20 relays on
+            // one broker of two cores took longer than ADMIN_TIMEOUT, and each timeout
+            // ended a replication session). The metadata answer is the broker's cache.
+            if let Ok(Some((None, partitions))) = self.metadata(topic).await {
+                if partitions > 0 {
+                    self.partition_counts.record(topic, partitions);
+                    tracing::debug!(%topic, partitions, "the topic exists");
+                    return Ok(());
+                }
+            }
             let replication = TopicReplication::Fixed(self.replication_factor);
             let partitions = if compacted { 1 } else { self.partitions };
             let mut new_topic = NewTopic::new(topic, partitions, replication);

@@ -42,8 +42,10 @@ pub(super) fn java_command(libs: &Path, dir: &Path) -> Command {
 
 /// Logs warnings and errors (to stdout, which the harness captures); `KAFKA_TEST_LOG`
 /// raises the level of Kafka's own loggers.
-pub(super) fn log4j_config() -> String {
-    let level = std::env::var(KAFKA_TEST_LOG_ENV).unwrap_or_else(|_| "warn".to_owned());
+pub(super) fn log4j_config(level: Option<&str>) -> String {
+    let level = level
+        .map(str::to_owned)
+        .unwrap_or_else(|| std::env::var(KAFKA_TEST_LOG_ENV).unwrap_or_else(|_| "warn".to_owned()));
     format!(
         "status = warn\n\
          appender.out.type = Console\n\

@@ -157,6 +157,11 @@ pub fn admin_config(brokers: &str, properties: &BTreeMap<String, String>) -> Cli
     if !user_sets(properties, "bootstrap.servers") {
         config.set("bootstrap.servers", brokers);
     }
+    // The admin client asks for a topic's metadata before creating it: a broker with
+    // `auto.create.topics.enable` would otherwise create it on that request, with its
+    // own partition count and replication factor instead of `[kafka] topic_partitions`
+    // and `topic_replication_factor`.
+    config.set("allow.auto.create.topics", "false");
     apply_properties(&mut config, properties);
     config
 }
