@@ -2,8 +2,10 @@
 //! error, a chosen error code in a produce response, one partition's leader down),
 //! injected with librdkafka's built-in mock cluster (hosted in this test process; the
 //! relay binary connects to it over TCP).
-//! The mock has no CreateTopics; it creates topics on first metadata request, so the
-//! relay runs with `create_topics = false` here.
+//! The mock has no CreateTopics, so the relay runs with `create_topics = false` here
+//! and each test creates its topics in the mock first (the mock would also create a
+//! topic on a metadata request that allows it, but the relay's admin client does not:
+//! with `create_topics = false` it only looks).
 
 use outbox_relay_harness as support;
 
@@ -13,6 +15,7 @@ use outbox_relay::metrics::{OLDEST_UNDELIVERED_SECONDS, RESTARTS_TOTAL};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use support::kafka::{consume, read_all};
 use support::outbox::{
@@ -21,6 +24,16 @@ use support::outbox::{
 use support::{PgCluster, PgOptions, RelayProcess};
 
 const DEAD_LETTER: &str = "outbox.dead-letter";
+
+/// A mock cluster of `brokers` with `topics` (one partition each) already in it.
+fn mock_with(brokers: i32, topics: &[&str]) -> MockCluster<'static, DefaultProducerContext> {
+    let mock = MockCluster::new(brokers).expect("mock cluster");
+    for topic in topics {
+        mock.create_topic(topic, 1, 1)
+            .unwrap_or_else(|e| panic!("creating {topic} in the mock: {e}"));
+    }
+    mock
+}
 
 /// A relay on `mock` (no topic creation), with `dead_letter` and extra `[outbox]` lines.
 fn mock_config(pg: &PgCluster, bootstrap: &str, outbox: &str, dead_letter: Option<&str>) -> String {
@@ -82,7 +95,7 @@ fn assert_running(relay: &RelayProcess) {
 
 #[test]
 fn a_fatal_producer_error_rebuilds_the_producer_and_resends() {
-    let mock = MockCluster::new(1).expect("mock cluster");
+    let mock = mock_with(1, &["outbox.event.fatal"]);
     let pg = cluster_with_outbox(PgOptions::default());
     // The first producer id request fails with an error librdkafka treats as fatal for
     // an idempotent producer; the rebuilt producer gets one.
@@ -110,7 +123,7 @@ fn a_fatal_producer_error_rebuilds_the_producer_and_resends() {
 /// the event again: it reaches its topic, and nothing goes to the dead-letter topic.
 #[test]
 fn a_transient_produce_error_is_retried_not_dead_lettered() {
-    let mock = MockCluster::new(1).expect("mock cluster");
+    let mock = mock_with(1, &["outbox.event.transient", DEAD_LETTER]);
     let pg = cluster_with_outbox(PgOptions::default());
     let (config, port) = with_metrics(&mock_config(
         &pg,
@@ -144,7 +157,7 @@ fn a_transient_produce_error_is_retried_not_dead_lettered() {
 /// stops, says which ACL to grant, and acknowledges nothing.
 #[test]
 fn topic_authorization_failed_stops_the_relay_unacknowledged() {
-    let mock = MockCluster::new(1).expect("mock cluster");
+    let mock = mock_with(1, &["outbox.event.secret", DEAD_LETTER]);
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&mock_config(
         &pg,
@@ -182,7 +195,7 @@ fn topic_authorization_failed_stops_the_relay_unacknowledged() {
 /// so in a `value.dropped` header; the original reason stays in `error`.
 #[test]
 fn a_dead_letter_refused_for_size_goes_without_its_value_saying_so() {
-    let mock = MockCluster::new(1).expect("mock cluster");
+    let mock = mock_with(1, &["outbox.event.sized", DEAD_LETTER]);
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&mock_config(
         &pg,
@@ -223,7 +236,7 @@ fn a_dead_letter_refused_for_size_goes_without_its_value_saying_so() {
 /// own topic); the dead-letter topic never gets a record without its value.
 #[test]
 fn a_dead_letter_failing_transiently_is_retried_not_stripped() {
-    let mock = MockCluster::new(1).expect("mock cluster");
+    let mock = mock_with(1, &["outbox.event.flaky", DEAD_LETTER]);
     let pg = cluster_with_outbox(PgOptions::default());
     let (config, port) = with_metrics(&mock_config(
         &pg,
