@@ -68,10 +68,14 @@ pub struct StandbyReport {
     pub load: Load,
     /// From the load's end (its CHECKPOINT done) until the standby had replayed it.
     pub replay_wait_s: f64,
-    /// The standby's CPU from before the load until its restartpoint after it: every
-    /// process, and the live ones by kind (the startup process replays).
-    pub replay_cpu_s: f64,
-    pub replay_cpu_by_kind_s: BTreeMap<String, f64>,
+    /// Each server's CPU from before the load until the standby's restartpoint after
+    /// it: every process, and the live ones by kind (on the primary the session writing
+    /// the load and the physical WAL sender streaming it; on the standby the startup
+    /// process replaying it and the WAL receiver).
+    pub load_primary_cpu_s: f64,
+    pub load_primary_cpu_by_kind_s: BTreeMap<String, f64>,
+    pub load_standby_cpu_s: f64,
+    pub load_standby_cpu_by_kind_s: BTreeMap<String, f64>,
     pub runs: Vec<StandbyRun>,
 }
 
@@ -152,7 +156,8 @@ pub fn run(
         "(k) loading {} events on the primary, transactions of {:?}",
         plan.events, plan.txn_sizes
     ));
-    let replay_window = ServerWindow::open(&standby);
+    let load_primary = ServerWindow::open(&primary);
+    let load_standby = ServerWindow::open(&standby);
     let load = setup::load(
         &mut primary_bench.admin,
         plan.events,
@@ -167,8 +172,10 @@ pub fn run(
     standby_admin
         .batch_execute("CHECKPOINT")
         .map_err(|err| format!("CHECKPOINT on the standby: {err}"))?;
-    let replay_cpu_by_kind_s = replay_window.by_kind(&Default::default());
-    let replay_cpu_s = replay_window.close().seconds();
+    let load_primary_cpu_by_kind_s = load_primary.by_kind(&Default::default());
+    let load_standby_cpu_by_kind_s = load_standby.by_kind(&Default::default());
+    let load_primary_cpu_s = load_primary.close().seconds();
+    let load_standby_cpu_s = load_standby.close().seconds();
     crate::log(&format!(
         "(k) loaded in {:.1} s; the standby had replayed it {replay_wait_s:.2} s later",
         load.seconds
@@ -228,11 +235,17 @@ pub fn run(
         postgres_version,
         load,
         replay_wait_s,
-        replay_cpu_s,
-        replay_cpu_by_kind_s,
+        load_primary_cpu_s,
+        load_primary_cpu_by_kind_s,
+        load_standby_cpu_s,
+        load_standby_cpu_by_kind_s,
         runs,
     };
     Ok((measured, report))
+}
+
+fn kind(cpu_by_kind_s: &BTreeMap<String, f64>, kind: &str) -> f64 {
+    cpu_by_kind_s.get(kind).copied().unwrap_or(0.0)
 }
 
 fn mib(kib: Option<u64>) -> String {
@@ -251,9 +264,10 @@ pub fn markdown(report: Option<&StandbyReport>, rows: &[Row]) -> String {
     let per_event = |seconds: f64| seconds / events * 1e6;
     let mut out = format!(
         "\nDecoding on a standby (k): PostgreSQL {}, a primary and a hot standby of their own; \
-         {} events loaded on the primary in {:.1} s ({:.0} WAL bytes per event), replayed on the \
+         {} events loaded on the primary in {:.1} s ({:.0} WAL bytes per event; its physical WAL \
+         sender streaming them to the standby used {:.1} s of CPU meanwhile), replayed on the \
          standby {:.2} s after the load ended, at {:.1} s of the standby's CPU ({:.1} s of it the \
-         startup process). Then, on that WAL, the relay on each (CPU in each run's window: from the \
+         startup process, {:.1} s the WAL receiver). Then, on that WAL, the relay on each (CPU in each run's window: from the \
          relay's start until its slot is acknowledged past the load):\n\n\
          | relay decodes on | time | events/s | primary CPU µs / event (its WAL senders: logical / physical) | standby CPU µs / event (logical WAL sender / startup) | WAL senders: primary / standby | relay CPU s / 1M events | peak RSS | records (missing, duplicates) | busy before |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
@@ -261,9 +275,11 @@ pub fn markdown(report: Option<&StandbyReport>, rows: &[Row]) -> String {
         report.load.events,
         report.load.seconds,
         report.load.wal_bytes as f64 / events,
+        kind(&report.load_primary_cpu_by_kind_s, "walsender (physical)"),
         report.replay_wait_s,
-        report.replay_cpu_s,
-        report.replay_cpu_by_kind_s.get("startup").copied().unwrap_or(0.0),
+        report.load_standby_cpu_s,
+        kind(&report.load_standby_cpu_by_kind_s, "startup"),
+        kind(&report.load_standby_cpu_by_kind_s, "walreceiver"),
     );
     for run in &report.runs {
         let Some(row) = rows.iter().find(|row| row.measured.id == run.id) else {
