@@ -38,6 +38,10 @@
 //!          own load, the tables in turn), read by ONE relay ([[outbox]] × 20, one slot)
 //!          and by 20 relays at once (a table, slot and publication each), both sets of
 //!          slots created before that load (bench/many.rs)
+//! (k)      decoding on a standby: a primary of PostgreSQL 16+ and a hot standby of
+//!          their own, the load on the primary, then the relay → Kafka decoding on the
+//!          primary and on the standby (primary_url), a slot on each created before the
+//!          load; the primary's and the standby's CPU per event (bench/standby.rs)
 //! (f)      latency: writers at 1k, 5k, 20k events/s for 30 s each, commit → consumer,
 //!          for a plain producer, the relay, Debezium, the polling relay (100 ms, 1 s)
 //! out      the markdown table on stdout; results.json and chart.png in --out-dir
@@ -62,6 +66,8 @@ mod plan;
 mod polling;
 mod report;
 mod setup;
+mod standby;
+mod standby_run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -79,7 +85,7 @@ use report::Report;
 /// The contenders a run can select (`--only`).
 const CONTENDERS: &[&str] = &[
     "ceiling", "kafka", "eos", "stdout", "debezium", "polling", "large", "messages", "outage",
-    "many", "latency",
+    "many", "standby", "latency",
 ];
 
 fn main() -> ExitCode {
@@ -137,7 +143,7 @@ fn run(options: &Options) -> Result<(), String> {
     let busy_before_run = procstat::busy_percent(Duration::from_secs(if smoke { 1 } else { 3 }));
 
     log("starting PostgreSQL");
-    let pg = setup::start_postgres(plan.extra_slots());
+    let pg = setup::start_postgres(plan.extra_slots(), None);
     let kafka = plan.needs_kafka().then(|| {
         log("starting Apache Kafka");
         setup::start_kafka()
@@ -387,6 +393,13 @@ fn run(options: &Options) -> Result<(), String> {
         notes.push(load_note);
     }
 
+    let mut standby_report = None;
+    if selected("standby") {
+        let (rows, report) = standby::run(&bench, &plan.standby)?;
+        measured.extend(rows);
+        standby_report = Some(report);
+    }
+
     let mut latency = Vec::new();
     if selected("latency") {
         bench.busy_before_pct = setup::wait_quiet(options.idle_max_busy, idle_wait);
@@ -446,6 +459,7 @@ fn run(options: &Options) -> Result<(), String> {
         contenders: rows,
         latency,
         many: many_runs,
+        standby: standby_report,
         targets,
         notes,
     };

@@ -60,7 +60,7 @@ pub struct Options {
     #[arg(long, default_value_t = 20)]
     pub many_tables: u32,
     /// Run only these contenders (ceiling, kafka, eos, stdout, debezium, polling, large,
-    /// messages, outage, many, latency).
+    /// messages, outage, many, standby, latency).
     #[arg(long, value_delimiter = ',')]
     pub only: Option<Vec<String>>,
     /// Where results.json and chart.png go [default: target/side-by-side].

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::latency_runs::LATENCY_CONTENDERS;
 use crate::output::out_dir;
-use crate::{many, outage, relay_bin, Options, CONTENDERS};
+use crate::{many, outage, relay_bin, standby, Options, CONTENDERS};
 
 /// Most tables (j) may have: a relay and a WAL sender each, on a 2-core machine.
 const MAX_MANY_TABLES: u32 = 200;
@@ -22,6 +22,7 @@ pub struct Plan {
     pub large_txn: u64,
     pub outage: outage::OutagePlan,
     pub many: many::ManyPlan,
+    pub standby: standby::StandbyPlan,
     /// How long each contender may wait for a quiet machine.
     pub idle_wait: Duration,
     pub latency_rates: Vec<u32>,
@@ -70,6 +71,13 @@ impl Plan {
         }
         let many = many::ManyPlan {
             tables: options.many_tables,
+            events,
+            txn_sizes: txn_sizes.clone(),
+            pad: options.payload_pad,
+            idle_max_busy: options.idle_max_busy,
+            idle_wait,
+        };
+        let standby = standby::StandbyPlan {
             events,
             txn_sizes: txn_sizes.clone(),
             pad: options.payload_pad,
@@ -135,6 +143,7 @@ impl Plan {
             large_txn,
             outage,
             many,
+            standby,
             idle_wait,
             latency_rates,
             latency_single_rates,
@@ -178,6 +187,7 @@ impl Plan {
     pub fn needs_kafka(&self) -> bool {
         [
             "kafka", "eos", "debezium", "polling", "latency", "messages", "outage", "many",
+            "standby",
         ]
         .into_iter()
         .any(|name| self.selected(name))

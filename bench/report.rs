@@ -83,6 +83,8 @@ pub struct Report {
     pub latency: Vec<LatencyRun>,
     /// (j)'s figures beside its rows' ([`crate::many`]).
     pub many: Vec<crate::many::ManyRun>,
+    /// (k)'s set-up and runs ([`crate::standby`]), when it ran.
+    pub standby: Option<crate::standby::StandbyReport>,
     pub targets: Vec<Target>,
     pub notes: Vec<String>,
 }
@@ -120,12 +122,13 @@ fn at_reference_rate<'a>(latency: &'a [LatencyRun], contender: &str) -> Option<&
     })
 }
 
-/// The contenders that read a load of their own ((g), (h), (i), (j)): no ratios, not in
-/// the throughput chart.
+/// The contenders that read a load of their own ((g), (h), (i), (j), (k)): no ratios,
+/// not in the throughput chart.
 fn own_load(id: &str) -> bool {
     matches!(id, "relay-large" | "relay-messages")
         || id.contains("-outage-")
         || id.starts_with("many-")
+        || id.starts_with("standby-")
 }
 
 pub fn rows(measured: &[Measured], latency: &[LatencyRun]) -> Vec<Row> {
@@ -367,6 +370,10 @@ pub fn markdown(report: &Report) -> String {
         );
     }
     out.push_str(&crate::many::markdown(&report.many, &report.contenders));
+    out.push_str(&crate::standby::markdown(
+        report.standby.as_ref(),
+        &report.contenders,
+    ));
     if !report.latency.is_empty() {
         out.push_str(
             "\nLatency, commit → record read by a consumer (writers at fixed rates):\n\n\

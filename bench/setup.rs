@@ -3,6 +3,7 @@
 //! topics; the logical slots, created before the load so every contender reads the
 //! same WAL.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use outbox_relay::pg::sql::QualifiedName;
@@ -101,8 +102,9 @@ const HARNESS_MAX_SLOTS: u32 = 10;
 /// autovacuum=off (no background work inside a measurement) and a large max_wal_size
 /// (no checkpoint forced by WAL volume). `slots`: the slots (and WAL senders) a
 /// contender needs at once beyond the harness's 10 ((j) has one per table): both limits
-/// are raised by that much; with 0 they stay the harness's.
-pub fn start_postgres(slots: u32) -> PgCluster {
+/// are raised by that much; with 0 they stay the harness's. `bindir`: the server binaries
+/// when not the harness's default ((k) needs PostgreSQL 16 or later).
+pub fn start_postgres(slots: u32, bindir: Option<PathBuf>) -> PgCluster {
     let mut extra_conf: Vec<(String, String)> = vec![
         ("autovacuum".into(), "off".into()),
         ("max_wal_size".into(), "8GB".into()),
@@ -115,6 +117,7 @@ pub fn start_postgres(slots: u32) -> PgCluster {
     }
     let pg = PgCluster::start_with(PgOptions {
         extra_conf,
+        bindir,
         ..PgOptions::default()
     });
     pg.batch_execute(&format!("CREATE DATABASE {DATABASE}"));
