@@ -36,9 +36,7 @@ pub async fn create_slot(settings: &Settings, accept_gap: bool) -> Result<Create
             exists.get(0, "lsn").unwrap_or("an unknown position")
         )));
     }
-    state::ensure_table(&mut conn, &spec.state_table)
-        .await
-        .map_err(definite)?;
+    state::ensure_table(&mut conn, &spec.state_table).await?;
     let record = state::read(&mut conn, &spec.state_table, &spec.slot).await?;
     let lost = record.filter(state::SlotRecord::streamed);
     if let Some(record) = &lost {

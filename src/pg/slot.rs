@@ -136,16 +136,12 @@ pub async fn prepare(
     let publication_created = match primary_conn.as_mut() {
         None => {
             let created = ensure_publication(conn, spec, partitioned).await?;
-            state::ensure_table(conn, &spec.state_table)
-                .await
-                .map_err(SetupError::Definite)?;
+            state::ensure_table(conn, &spec.state_table).await?;
             created
         }
         Some(primary) => {
             let created = ensure_publication(primary, spec, partitioned).await?;
-            state::ensure_table(primary, &spec.state_table)
-                .await
-                .map_err(SetupError::Definite)?;
+            state::ensure_table(primary, &spec.state_table).await?;
             standby::wait_replayed(conn, primary).await?;
             created
         }

@@ -18,6 +18,7 @@
 //! on a promoted standby) would skip every event committed in between.
 
 use crate::pg::conn::{PgConnection, PgError};
+use crate::pg::diagnose::SetupError;
 use crate::pg::sql::{quote_literal, QualifiedName};
 use crate::pg::Lsn;
 
@@ -129,14 +130,16 @@ pub fn gap_sql(table: &QualifiedName, slot: &str, from: Option<Lsn>, to: Lsn) ->
 }
 
 /// Creates the table when missing. A role that may not gets the statement to run.
-pub async fn ensure_table(conn: &mut PgConnection, table: &QualifiedName) -> Result<(), String> {
+pub async fn ensure_table(
+    conn: &mut PgConnection,
+    table: &QualifiedName,
+) -> Result<(), SetupError> {
     let exists = conn
         .simple_query(&format!(
             "SELECT pg_catalog.to_regclass({})::oid AS oid",
             quote_literal(&table.quoted())
         ))
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     if exists.get(0, "oid").is_some() {
         return Ok(());
     }
@@ -146,13 +149,23 @@ pub async fn ensure_table(conn: &mut PgConnection, table: &QualifiedName) -> Res
             tracing::info!(%table, "created the relay's state table (its record of the slot)");
             Ok(())
         }
-        Err(PgError::Db(db)) if db.code == "42501" => Err(format!(
+        Err(error) => Err(creation_failed(table, &create, error)),
+    }
+}
+
+/// What a failed `CREATE TABLE` of the state table means. A missing privilege is the
+/// operator's to fix; anything else (a connection lost, a server restarting) stays the
+/// PostgreSQL error it is, transient or not by its kind: a relay must not stop for good
+/// because PostgreSQL restarted while it prepared (a chaos run's relay once did).
+fn creation_failed(table: &QualifiedName, create: &str, error: PgError) -> SetupError {
+    match error {
+        PgError::Db(db) if db.code == "42501" => SetupError::Definite(format!(
             "the relay keeps a record of its slot in {table} ({}) and may not create it ({}): run `{create}` and GRANT SELECT, INSERT, UPDATE ON {} TO the relay's role, or set [postgres] state_table to a table it may create",
             "so that a lost slot is never silently replaced",
             db.message,
             table.quoted()
         )),
-        Err(e) => Err(e.to_string()),
+        other => SetupError::Pg(other),
     }
 }
 
@@ -204,6 +217,44 @@ mod tests {
 
     fn table() -> QualifiedName {
         QualifiedName::parse("public.outbox_relay_state").unwrap()
+    }
+
+    /// A lost connection while the state table is created is retried like any other
+    /// (the relay used to stop for good on it, a definite error); only a missing
+    /// privilege is the operator's.
+    #[test]
+    fn a_failed_creation_is_definite_only_for_a_missing_privilege() {
+        let create = create_table_sql(&table());
+        let closed = PgError::Closed {
+            addr: "127.0.0.1:5432".into(),
+        };
+        let error = creation_failed(&table(), &create, closed);
+        assert!(
+            matches!(&error, SetupError::Pg(PgError::Closed { .. })),
+            "{error:?}"
+        );
+        assert!(error.is_transient(), "{error}");
+        let shutting_down = PgError::Db(crate::pg::conn::DbError {
+            severity: "FATAL".into(),
+            code: "57P01".into(),
+            message: "terminating connection due to administrator command".into(),
+            detail: None,
+            hint: None,
+        });
+        assert!(creation_failed(&table(), &create, shutting_down).is_transient());
+        let denied = PgError::Db(crate::pg::conn::DbError {
+            severity: "ERROR".into(),
+            code: "42501".into(),
+            message: "permission denied for schema public".into(),
+            detail: None,
+            hint: None,
+        });
+        let error = creation_failed(&table(), &create, denied);
+        assert!(!error.is_transient(), "{error}");
+        assert!(
+            error.to_string().contains("GRANT SELECT, INSERT, UPDATE"),
+            "{error}"
+        );
     }
 
     #[test]
