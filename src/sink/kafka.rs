@@ -190,6 +190,13 @@ impl KafkaSink {
                     // Records waiting for a refused topic become dead letters (its
                     // status is Refused now).
                     Ok(()) | Err(SinkError::TopicRefused { .. }) => Ok(()),
+                    // No answer: asked again within the session for a while (ending it
+                    // would send again what is in flight).
+                    Err(SinkError::TopicUnavailable { reason, .. })
+                        if self.topics.ask_again(&topic, &reason, &self.notifier) =>
+                    {
+                        Ok(())
+                    }
                     Err(other) => Err(other),
                 }
             }

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::error::RDKafkaErrorCode;
@@ -19,9 +19,20 @@ use crate::sink::kafka_placement::PartitionCounts;
 use crate::sink::{SinkError, TopicStatus};
 
 /// How long an admin request (create topic, metadata) may take. It runs as a task off
-/// the pipeline's loop (status updates go on meanwhile); a timeout is retried with
-/// backoff.
+/// the pipeline's loop (status updates go on meanwhile); a timeout is asked again
+/// within the session ([`UNAVAILABLE_FOR`]).
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a topic that does not answer (a broker paused, restarting, overloaded) is
+/// asked about again within the session, its records waiting and the other topics'
+/// going on, before the session ends on it. Ending the session sends again what was
+/// sent and not yet acknowledged (a CI chaos run: 3,800 second copies after one broker
+/// pause of 4 s); waiting too long holds PostgreSQL's shutdown, which waits for the
+/// acknowledgements: the same bound as `stall_release_ms`'s default.
+const UNAVAILABLE_FOR: Duration = Duration::from_secs(60);
+/// The first wait before a topic is asked about again, doubled each time up to
+/// [`UNAVAILABLE_RETRY_MAX`].
+const UNAVAILABLE_RETRY: Duration = Duration::from_secs(1);
+const UNAVAILABLE_RETRY_MAX: Duration = Duration::from_secs(8);
 /// How often, and how far apart, a created topic's partition count is asked for while
 /// its metadata still has an error: at most about 2 s in all, once per topic.
 const COUNT_ATTEMPTS: u32 = 10;
@@ -60,7 +71,9 @@ impl TopicPreparer {
             // cluster's controller, which a loaded broker answers slowly (20 relays on
             // one broker of two cores took longer than ADMIN_TIMEOUT, and each timeout
             // ended a replication session). The metadata answer is the broker's cache.
-            if let Ok(Some((None, partitions))) = self.metadata(topic).await {
+            // A metadata request that got no answer at all says the broker is away:
+            // CreateTopics would wait as long again for nothing.
+            if let Some((None, partitions)) = self.metadata(topic).await? {
                 if partitions > 0 {
                     self.partition_counts.record(topic, partitions);
                     tracing::debug!(%topic, partitions, "the topic exists");
@@ -160,6 +173,8 @@ pub(super) struct Topics {
     recently_ready: Vec<String>,
     /// Admin requests under way; aborted when the sink is dropped (a new attempt).
     tasks: JoinSet<()>,
+    /// Topics that did not answer: since when, and how many times.
+    unavailable: HashMap<String, (Instant, u32)>,
 }
 
 impl Topics {
@@ -169,6 +184,7 @@ impl Topics {
             states: HashMap::new(),
             recently_ready: Vec::with_capacity(RECENTLY_READY),
             tasks: JoinSet::new(),
+            unavailable: HashMap::new(),
         }
     }
 
@@ -203,14 +219,47 @@ impl Topics {
         } else {
             tracing::debug!(%topic, "checking that the topic exists");
         }
+        self.spawn_prepare(topic, Duration::ZERO, notifier);
+        TopicStatus::Waiting
+    }
+
+    /// Prepares `topic` in a task, after `delay`; its outcome wakes the pipeline.
+    fn spawn_prepare(&mut self, topic: &str, delay: Duration, notifier: &Notifier) {
         let preparer = self.preparer.clone();
         let notifier = notifier.clone();
         let topic = topic.to_owned();
         self.tasks.spawn(async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             let outcome = preparer.prepare(&topic).await;
             notifier.wake(Wakeup::Topic { topic, outcome });
         });
-        TopicStatus::Waiting
+    }
+
+    /// `topic` did not answer (`reason`): asked again after a backoff, its records
+    /// waiting, unless it has not answered for [`UNAVAILABLE_FOR`] (`false`: the
+    /// session ends on it, as the next one asks anew).
+    pub(super) fn ask_again(&mut self, topic: &str, reason: &str, notifier: &Notifier) -> bool {
+        let now = Instant::now();
+        let (since, attempts) = self.unavailable.entry(topic.to_owned()).or_insert((now, 0));
+        let Some(delay) = unavailable_retry(now.saturating_duration_since(*since), *attempts)
+        else {
+            self.unavailable.remove(topic);
+            return false;
+        };
+        *attempts += 1;
+        let attempts = *attempts;
+        self.states.insert(topic.to_owned(), TopicState::Pending);
+        tracing::warn!(
+            %topic,
+            reason,
+            attempts,
+            retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            "the topic does not answer; asking again (its records wait, the other topics' go on)"
+        );
+        self.spawn_prepare(topic, delay, notifier);
+        true
     }
 
     /// Keep `topic` among the recently ready ones, in place of the oldest when full.
@@ -225,6 +274,9 @@ impl Topics {
     pub(super) fn prepared(&mut self, topic: &str, outcome: &Result<(), SinkError>) {
         if outcome.is_err() {
             self.recently_ready.retain(|ready| ready != topic);
+        }
+        if !matches!(outcome, Err(SinkError::TopicUnavailable { .. })) {
+            self.unavailable.remove(topic);
         }
         match outcome {
             Ok(()) => {
@@ -254,6 +306,16 @@ impl Topics {
         self.states.insert(topic.to_owned(), TopicState::Ready);
         Ok(())
     }
+}
+
+/// The wait before a topic that has not answered for `unanswered`, asked `attempts`
+/// times already, is asked again; `None` once [`UNAVAILABLE_FOR`] has passed.
+fn unavailable_retry(unanswered: Duration, attempts: u32) -> Option<Duration> {
+    if unanswered >= UNAVAILABLE_FOR {
+        return None;
+    }
+    let doubled = UNAVAILABLE_RETRY.saturating_mul(1 << attempts.min(8));
+    Some(doubled.min(UNAVAILABLE_RETRY_MAX))
 }
 
 /// What a metadata answer about `topic` means when the relay may not create it:
@@ -351,6 +413,17 @@ pub fn illegal_topic_name(topic: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unanswered_topic_is_asked_again_with_backoff_for_a_bounded_time() {
+        let waits: Vec<_> = (0..6)
+            .map(|attempts| unavailable_retry(Duration::from_secs(5), attempts))
+            .collect();
+        let s = |secs| Some(Duration::from_secs(secs));
+        assert_eq!(waits, [s(1), s(2), s(4), s(8), s(8), s(8)]);
+        assert_eq!(unavailable_retry(Duration::from_secs(1), u32::MAX), s(8));
+        assert_eq!(unavailable_retry(UNAVAILABLE_FOR, 3), None);
+    }
 
     #[test]
     fn topic_names_kafka_refuses_are_caught_before_sending() {
