@@ -36,18 +36,27 @@ fn a_crash_restart_of_postgresql_sends_nothing_again_that_the_record_covers() {
     );
 }
 
+/// Inserts `n` events of `kind`, one transaction each; their ids, and the WAL position
+/// taken just before the last commit. A record covers the last transaction when it is
+/// past that position; a position taken after the commit could include WAL others wrote
+/// meanwhile (a running-xacts record), which no record of the relay ever reaches.
+fn insert_noting_last(pg: &PgCluster, kind: &str, n: usize) -> (Vec<String>, u64) {
+    let mut before_last = 0;
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        before_last = pg.current_wal_lsn();
+        ids.extend(insert_events(pg, kind, 1));
+    }
+    (ids, before_last)
+}
+
 /// A graceful stop writes the last acknowledged position into the record before it exits
 /// (records are otherwise at most one a second, so the last second would be missing).
 #[test]
 fn a_graceful_stop_records_the_last_acknowledged_position() {
     let pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&stdout_config(&pg));
-    let mut before_last = 0;
-    let mut ids = Vec::new();
-    for _ in 0..20 {
-        before_last = pg.current_wal_lsn();
-        ids.extend(insert_events(&pg, "before", 1));
-    }
+    let (ids, before_last) = insert_noting_last(&pg, "before", 20);
     assert_eq!(event_ids(&relay.wait_for_lines(20, WAIT)), ids);
     relay.sigterm();
     assert!(relay.wait_exit(WAIT).success());
@@ -108,8 +117,7 @@ fn a_session_after_a_crash_skips_what_this_process_delivered_but_could_not_recor
         .batch_execute("BEGIN; SELECT 1 FROM outbox_relay_state FOR UPDATE")
         .expect("locking the record's row");
     let created_at = pg.slot_confirmed_flush_lsn(SLOT).expect("the slot");
-    let before = insert_events(&pg, "before", 20);
-    let after_inserts = pg.current_wal_lsn();
+    let (before, before_last) = insert_noting_last(&pg, "before", 20);
     assert_eq!(event_ids(&relay.wait_for_lines(20, WAIT)), before);
     assert_eq!(
         recorded_lsn(&pg),
@@ -127,10 +135,9 @@ fn a_session_after_a_crash_skips_what_this_process_delivered_but_could_not_recor
     // The skipped range is recorded once acknowledged, with no new event to carry it:
     // a process started after a later fault knows it too.
     wait_for("the record covers the skipped 20", WAIT, || {
-        recorded_lsn(&pg).filter(|&lsn| lsn >= after_inserts)
+        recorded_lsn(&pg).filter(|&lsn| lsn > before_last)
     });
-    let sentinel = insert_events(&pg, "sentinel", 1);
-    let after_sentinel = pg.current_wal_lsn();
+    let (sentinel, before_sentinel) = insert_noting_last(&pg, "sentinel", 1);
     let lines = relay.wait_for_lines(21, WAIT);
     assert_eq!(
         event_ids(&lines)[20..],
@@ -148,7 +155,7 @@ fn a_session_after_a_crash_skips_what_this_process_delivered_but_could_not_recor
     // A new process after another crash: the record alone covers the 20 (and the
     // sentinel, once recorded: at most one record a second).
     wait_for("the record covers the sentinel", WAIT, || {
-        recorded_lsn(&pg).filter(|&lsn| lsn >= after_sentinel)
+        recorded_lsn(&pg).filter(|&lsn| lsn > before_sentinel)
     });
     relay.kill9();
     relay.wait_exit(WAIT);
@@ -173,11 +180,10 @@ fn crash_after_twenty_recorded_events() -> (PgCluster, RelayProcess, u64) {
     let mut pg = cluster_with_outbox(PgOptions::default());
     let relay = start_streaming(&stdout_config(&pg));
     let created_at = pg.slot_confirmed_flush_lsn(SLOT).expect("the slot");
-    let before = insert_events(&pg, "before", 20);
-    let after_inserts = pg.current_wal_lsn();
+    let (before, before_last) = insert_noting_last(&pg, "before", 20);
     assert_eq!(event_ids(&relay.wait_for_lines(20, WAIT)), before);
     let record = wait_for("the record covers the 20 events", WAIT, || {
-        recorded_lsn(&pg).filter(|&lsn| lsn >= after_inserts)
+        recorded_lsn(&pg).filter(|&lsn| lsn > before_last)
     });
     relay.kill9();
     relay.wait_exit(WAIT);
