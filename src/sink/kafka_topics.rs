@@ -23,8 +23,8 @@ use crate::sink::{SinkError, TopicStatus};
 /// within the session ([`UNAVAILABLE_FOR`]).
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a topic that does not answer (a broker paused, restarting, overloaded) is
-/// asked about again within the session, its records waiting and the other topics'
-/// going on, before the session ends on it. Ending the session sends again what was
+/// asked about again within the session, its records (and, to keep order, those after
+/// them) waiting, before the session ends on it. Ending the session sends again what was
 /// sent and not yet acknowledged (a CI chaos run: 3,800 second copies after one broker
 /// pause of 4 s); waiting too long holds PostgreSQL's shutdown, which waits for the
 /// acknowledgements: the same bound as `stall_release_ms`'s default.
@@ -256,7 +256,7 @@ impl Topics {
             reason,
             attempts,
             retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-            "the topic does not answer; asking again (its records wait, the other topics' go on)"
+            "the topic does not answer; asking again (its records, and those after them, wait)"
         );
         self.spawn_prepare(topic, delay, notifier);
         true
