@@ -329,7 +329,11 @@ impl<S: ReplicationStream> Pipeline<S> {
                 }
                 event = self.conn.next_event(), if reading => {
                     self.liveness.received(now());
-                    self.on_copy_event(event?).await?;
+                    let event = match event {
+                        Ok(event) => event,
+                        Err(error) => return Err(self.stream_failed(error).await),
+                    };
+                    self.on_copy_event(event).await?;
                     // The frames already received, in the same turn while there is room:
                     // one turn per read from the socket, not per frame. Bounded, so that
                     // delivery reports (which free the room) are taken between batches.
@@ -337,7 +341,11 @@ impl<S: ReplicationStream> Pipeline<S> {
                         if !self.reading() {
                             break;
                         }
-                        match self.conn.buffered_event()? {
+                        let buffered = match self.conn.buffered_event() {
+                            Ok(buffered) => buffered,
+                            Err(error) => return Err(self.stream_failed(error).await),
+                        };
+                        match buffered {
                             Some(event) => self.on_copy_event(event).await?,
                             None => break,
                         }

@@ -218,17 +218,18 @@ impl OutboxWatch {
     }
 
     /// Asks for a check now unless one is under way (the final update at shutdown).
-    pub fn request_now(&mut self) {
-        if self.pending_since.is_none() {
-            self.ask(tokio::time::Instant::now().into_std());
-        }
+    /// Whether this call asked: `false` when the next report answers an earlier request.
+    pub fn request_now(&mut self) -> bool {
+        self.pending_since.is_none() && self.ask(tokio::time::Instant::now().into_std())
     }
 
-    fn ask(&mut self, now: std::time::Instant) {
-        if self.requests.try_send(()).is_ok() {
+    fn ask(&mut self, now: std::time::Instant) -> bool {
+        let asked = self.requests.try_send(()).is_ok();
+        if asked {
             self.pending_since = Some(now);
             self.last_asked = Some(now);
         }
+        asked
     }
 
     /// How long the awaited check has been under way (a side connection that stopped

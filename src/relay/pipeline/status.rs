@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::metrics::Metrics;
+use crate::pg::conn::PgError;
 use crate::pg::replication::StandbyStatusUpdate;
 use crate::relay::feedback::{feedback, Feedback};
 use crate::relay::record::RecordStep;
@@ -15,6 +16,11 @@ use crate::relay::watch::WatchReport;
 use crate::relay::{Definite, RelayError};
 
 use super::{now, now_pg, Pipeline, CLOSE_WAIT};
+
+/// How long a stream that PostgreSQL ended with an error waits for the watch to say
+/// whether the outbox changed ([`Pipeline::stream_failed`]): its check is two short
+/// queries on a connection that is already open.
+const EXPLAIN_WAIT: Duration = Duration::from_secs(5);
 
 impl<S: ReplicationStream> Pipeline<S> {
     /// After a delivery report: when it moved the acknowledged position, send a status
@@ -65,6 +71,40 @@ impl<S: ReplicationStream> Pipeline<S> {
                 Err(Definite::OutboxChangedWhileStarting(message).into())
             }
         }
+    }
+
+    /// PostgreSQL ended the stream with an error of its own (not a lost connection or a
+    /// shutdown): a changed outbox explains such an error best, and says from where rows
+    /// may be missing. PostgreSQL 18's WAL sender, for one, fails with "could not open
+    /// relation with OID …" once the outbox was dropped, at times before the watch's
+    /// check has reported the drop. So the watch is asked now (for at most
+    /// [`EXPLAIN_WAIT`]); a change it finds replaces the server's error, which stays
+    /// otherwise.
+    pub(super) async fn stream_failed(&mut self, error: PgError) -> RelayError {
+        if !matches!(error, PgError::Db(_)) || error.is_transient() {
+            return RelayError::Pg(error);
+        }
+        let deadline = tokio::time::Instant::now() + EXPLAIN_WAIT;
+        // A check under way may have read the catalog before the change: its report does
+        // not count, the one asked after it does.
+        let mut asked_after_the_error = self.watch.request_now();
+        loop {
+            match tokio::time::timeout_at(deadline, self.watch.next_report()).await {
+                Ok(Some(WatchReport::Vouched(lsn))) => {
+                    self.tracker.vouch(lsn);
+                    if asked_after_the_error {
+                        break;
+                    }
+                    asked_after_the_error = self.watch.request_now();
+                }
+                Ok(Some(WatchReport::Failed(_)) | None) | Err(_) => break,
+                Ok(Some(report)) => match self.on_watch_report(report) {
+                    Err(changed) => return changed,
+                    Ok(()) => break,
+                },
+            }
+        }
+        RelayError::Pg(error)
     }
 
     /// Writes the acknowledged position into the state table when events were

@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use script::{Options, Relay, Row, SLOT_LSN};
 
+use crate::pg::conn::{DbError, PgError};
+use crate::pg::publication::PublicationChange;
 use crate::pg::Lsn;
 use crate::relay::ack::InFlightLimits;
 use crate::relay::{Definite, RelayError, Transient};
@@ -209,6 +211,67 @@ async fn an_idle_relay_follows_the_servers_wal_and_answers_a_reply_request_at_on
     let update = relay.ask_status().await;
     assert_eq!(update.write, relay.wal());
     relay.acknowledged(relay.wal()).await;
+}
+
+/// What PostgreSQL 18's WAL sender said in CI once the outbox was dropped and created
+/// again under a streaming relay.
+fn relation_gone() -> PgError {
+    PgError::Db(DbError {
+        severity: "ERROR".into(),
+        code: "XX000".into(),
+        message: "could not open relation with OID 16385".into(),
+        detail: None,
+        hint: None,
+    })
+}
+
+/// Waits (on the paused clock) until the pipeline took everything written.
+async fn taken_everything(relay: &Relay) {
+    let taken = async {
+        while !relay.read_everything() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), taken)
+        .await
+        .expect("the pipeline takes what was written");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_error_after_the_outbox_changed_stops_the_relay_with_the_change() {
+    let mut relay = Relay::start(Options::default());
+    let end = relay.commit(&[Row::event("a1")]);
+    let a1 = relay.next_sent().await;
+    relay.deliver(a1.1);
+    relay.acknowledged(end).await;
+    // The outbox is dropped; the WAL sender fails on it before the watch's check has
+    // reported (held here until the error was read).
+    relay.hold_vouching(true);
+    relay.change_publication(PublicationChange::TableDropped);
+    relay.fail(relation_gone());
+    taken_everything(&relay).await;
+    relay.hold_vouching(false);
+    match relay.ended().await.1 {
+        Err(RelayError::Definite(Definite::OutboxUnpublished { change, since, .. })) => {
+            assert_eq!(change, PublicationChange::TableDropped.to_string());
+            assert_eq!(
+                since, end,
+                "rows may be missing from the last vouched position"
+            );
+        }
+        other => panic!("the server's error instead of the change that explains it: {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_error_with_the_outbox_unchanged_stays_the_servers_error() {
+    let mut relay = Relay::start(Options::default());
+    relay.next_status().await;
+    relay.fail(relation_gone());
+    match relay.ended().await.1 {
+        Err(RelayError::Pg(PgError::Db(db))) => assert_eq!(db.code, "XX000"),
+        other => panic!("not the server's error: {other:?}"),
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 use crate::metrics::Metrics;
 use crate::pg::conn::{CopyEvent, PgError};
 use crate::pg::pgoutput::PgTimestamp;
+use crate::pg::publication::PublicationChange;
 use crate::pg::replication::{PrimaryKeepalive, ReplicationFrame, StandbyStatusUpdate, XLogData};
 use crate::pg::sql::QualifiedName;
 use crate::pg::Lsn;
@@ -126,6 +127,9 @@ struct Server {
     wal: AtomicU64,
     /// Positions written into the state table, in order.
     recorded: Mutex<Vec<Lsn>>,
+    /// What changed in the publication, once the test changed it: the watch's checks
+    /// report it from then on.
+    changed: Mutex<Option<PublicationChange>>,
 }
 
 /// What a scripted pipeline returns when its task ends.
@@ -163,6 +167,7 @@ impl Relay {
         let server = Arc::new(Server {
             wal: AtomicU64::new(SLOT_LSN.0),
             recorded: Mutex::new(Vec::new()),
+            changed: Mutex::new(None),
         });
         let (watch, script) = OutboxWatch::scripted();
         tokio::spawn(answer_watch(script, Arc::clone(&server), hold_rx));
@@ -294,6 +299,18 @@ impl Relay {
             reply_requested,
         };
         self.push(CopyEvent::Frame(ReplicationFrame::Keepalive(keepalive)));
+    }
+
+    /// The stream ends with the server's error.
+    pub(super) fn fail(&mut self, error: PgError) {
+        self.written += 1;
+        let _ = self.events.send(Err(error));
+    }
+
+    /// The publication no longer publishes the outbox as it did: the watch's checks say
+    /// so from now on.
+    pub(super) fn change_publication(&self, change: PublicationChange) {
+        *self.server.changed.lock().expect("not poisoned") = Some(change);
     }
 
     /// Whether the pipeline has taken everything written so far.
@@ -444,7 +461,15 @@ async fn answer_watch(
                 if hold.wait_for(|held| !*held).await.is_err() {
                     return;
                 }
-                if script.reports.send(WatchReport::Vouched(wal(&server))).await.is_err() {
+                let changed = server.changed.lock().expect("not poisoned").clone();
+                let report = match changed {
+                    Some(change) => WatchReport::Changed {
+                        change,
+                        table: QualifiedName::parse("public.outbox").ok(),
+                    },
+                    None => WatchReport::Vouched(wal(&server)),
+                };
+                if script.reports.send(report).await.is_err() {
                     return;
                 }
             }
