@@ -643,3 +643,70 @@ fn a_topic_created_while_the_broker_is_down_is_retried_not_dropped() {
     );
     assert_eq!(relay.exit_status(), None, "the relay keeps running");
 }
+
+/// PostgreSQL's link is cut while the broker, paused, holds the relay's produce requests
+/// unanswered for longer than the old 2 s wait: the relay waits for their delivery
+/// reports before it reconnects (Kafka writes what it was sent, whether the producer
+/// that sent it is still there or not), so the next session skips them instead of
+/// sending them again. Every event is in Kafka exactly once.
+#[test]
+fn a_postgres_link_cut_while_the_broker_confirms_slowly_sends_nothing_twice() {
+    const PAUSE: Duration = Duration::from_secs(6);
+    let broker = KafkaBroker::start();
+    let pg = cluster_with_outbox(PgOptions::default());
+    let proxy =
+        support::proxy::FaultProxy::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap());
+    let direct = format!("127.0.0.1:{}/app", pg.port());
+    let through_proxy = format!("127.0.0.1:{}/app", proxy.port());
+    let config =
+        kafka_config(&pg, &broker.bootstrap(), "", None, &[]).replace(&direct, &through_proxy);
+    let relay = start_streaming(&config);
+    let mut want = insert(&pg, "slow", 0..1);
+    consume(&broker.bootstrap(), &["outbox.event.slow"], 1, WAIT);
+
+    broker.pause();
+    want.extend(insert(&pg, "slow", 1..51));
+    // The relay has read them (its status updates say so) and sent them to the paused
+    // broker, which answers nothing.
+    let after = pg.current_wal_lsn();
+    support::wait_until("the relay has read the new events", WAIT, || {
+        pg.client()
+            .query_opt(
+                "SELECT 1 FROM pg_stat_replication WHERE write_lsn >= $1::text::pg_lsn",
+                &[&support::u64_to_lsn(after)],
+            )
+            .ok()
+            .flatten()
+            .is_some()
+    });
+    proxy.cut();
+    support::wait_until("the relay noticed the cut", WAIT, || {
+        let stderr = relay.stderr();
+        stderr.contains("relay interrupted; retrying")
+            || stderr.contains("PostgreSQL went away with events in flight")
+    });
+    // The broker stays paused for PAUSE (a broker restarting under load, as CI saw it).
+    std::thread::sleep(PAUSE);
+    broker.resume();
+
+    want.extend(insert(&pg, "slow", 51..52));
+    let end = pg.current_wal_lsn();
+    support::wait_until("everything acknowledged", WAIT, || {
+        pg.slot_confirmed_flush_lsn(SLOT).unwrap_or(0) >= end
+    });
+    let records = support::kafka::read_all(&broker.bootstrap(), &["outbox.event.slow"]);
+    let mut copies: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for id in records.iter().filter_map(|r| r.header("id")) {
+        *copies.entry(id).or_default() += 1;
+    }
+    let lost: Vec<&String> = want.iter().filter(|id| !copies.contains_key(*id)).collect();
+    let twice: Vec<(&String, &usize)> = copies.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(lost.is_empty(), "events lost: {lost:?}");
+    assert!(
+        twice.is_empty(),
+        "{} events sent twice after the link cut, e.g. {:?}; relay stderr:\n{}",
+        twice.len(),
+        twice.iter().take(3).collect::<Vec<_>>(),
+        relay.stderr_tail()
+    );
+}

@@ -245,7 +245,8 @@ async fn attempt(
             error,
             RelayError::Pg(_) | RelayError::Transient(Transient::StreamEnded)
         ) {
-            pipeline.settle(CLOSE_WAIT).await;
+            let wait = Duration::from_millis(settings.relay.stall_release_ms);
+            pipeline.settle(wait, &mut stop).await;
         }
         *delivered = Some(Delivered {
             system_id: prepared.system_id.clone(),

@@ -182,23 +182,56 @@ impl<S: ReplicationStream> Pipeline<S> {
         }
     }
 
-    /// After PostgreSQL went away: flush the sink and wait (at most `timeout`) for the
-    /// delivery reports of what is in flight, so that the next session knows it
-    /// delivered (nothing is acknowledged: the connection is gone). A report that ends
-    /// the sink's session ends the wait.
-    pub(in crate::relay) async fn settle(&mut self, timeout: Duration) {
-        if self.sink.flush().is_err() {
+    /// After PostgreSQL went away: flush the sink and wait for the delivery reports of
+    /// what is in flight, so that the next session knows it delivered (nothing is
+    /// acknowledged: the connection is gone). A report that ends the sink's session, a
+    /// shutdown request, or `timeout` (the stall release: as long as a streaming session
+    /// waits for a confirmation) ends the wait. Why wait that long: what the sink has
+    /// sent and not yet heard back about is still written by Kafka once the producer is
+    /// gone, and the next session would send it again. A CI chaos run counted 2,074
+    /// second copies after a PostgreSQL link cut that came while the broker, just
+    /// restarted, took longer than the 2 s this wait used to be to confirm its backlog.
+    pub(in crate::relay) async fn settle(
+        &mut self,
+        timeout: Duration,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) {
+        if self.sink.flush().is_err() || self.tracker.in_flight() == 0 {
             return;
         }
+        tracing::info!(
+            in_flight = self.tracker.in_flight(),
+            wait_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            "PostgreSQL went away with events in flight: waiting for their delivery reports before reconnecting, so that the next session does not send them again"
+        );
         let deadline = tokio::time::Instant::now() + timeout;
+        // The loop that refreshes /healthz's deadline does not turn meanwhile.
+        let mut alive = tokio::time::interval(Duration::from_secs(1));
         while self.tracker.in_flight() > 0 {
-            match tokio::time::timeout_at(deadline, self.notices.recv()).await {
+            let notice = tokio::select! {
+                biased;
+                () = super::stopped(stop) => return,
+                _ = alive.tick() => {
+                    let deadline = crate::metrics::unix_ms_now().saturating_add(3_000);
+                    Metrics::set(&self.metrics.health.loop_deadline_unix_ms, deadline);
+                    continue;
+                }
+                notice = tokio::time::timeout_at(deadline, self.notices.recv()) => notice,
+            };
+            match notice {
                 Ok(Some(notice)) => {
                     if self.on_notice(notice).is_err() {
                         return;
                     }
                 }
-                Ok(None) | Err(_) => return,
+                Ok(None) => return,
+                Err(_) => {
+                    tracing::warn!(
+                        in_flight = self.tracker.in_flight(),
+                        "the sink did not confirm what is in flight in time: the next session sends it again, and what Kafka wrote of it arrives twice"
+                    );
+                    return;
+                }
             }
         }
     }
