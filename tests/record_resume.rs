@@ -22,6 +22,8 @@ fn a_crash_restart_of_postgresql_sends_nothing_again_that_the_record_covers() {
         "after the crash only the new event arrives, nothing of the 20 again; relay stderr:\n{}",
         relay.stderr_tail()
     );
+    // Logged as the sentinel's transaction is read; stderr is read apart from stdout.
+    relay.wait_for_stderr("skipped the transactions between", WAIT);
     let stderr = plain(&relay.stderr());
     let line = stderr
         .lines()
@@ -145,6 +147,7 @@ fn a_session_after_a_crash_skips_what_this_process_delivered_but_could_not_recor
         "after the crash only the new event arrives, nothing of the 20 again; relay stderr:\n{}",
         relay.stderr_tail()
     );
+    relay.wait_for_stderr("skipped the transactions between", WAIT);
     let stderr = plain(&relay.stderr());
     assert!(
         stderr

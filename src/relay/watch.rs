@@ -31,7 +31,7 @@ mod primary;
 mod watched;
 
 use primary::PrimarySide;
-use watched::{first_reading_problem, Watched};
+use watched::{first_reading_change, Watched};
 
 use crate::pg::conn::{PgConnection, PgError, SessionKind};
 use crate::pg::publication::PublicationChange;
@@ -121,8 +121,10 @@ impl OutboxWatch {
             let mut primary = PrimarySide::new(primary);
             let mut baseline = match watched.read(&mut conn).await {
                 Ok((lsn, identities)) => {
-                    if let Some(problem) = first_reading_problem(&watched.outboxes, &identities) {
-                        let _ = report_tx.send(WatchReport::Invalid(problem)).await;
+                    if let Some((change, table)) =
+                        first_reading_change(&watched.outboxes, &identities)
+                    {
+                        let _ = report_tx.send(WatchReport::Changed { change, table }).await;
                         return;
                     }
                     if report_tx.send(WatchReport::Vouched(lsn)).await.is_err() {

@@ -97,11 +97,14 @@ impl<S: ReplicationStream> Pipeline<S> {
                     }
                     asked_after_the_error = self.watch.request_now();
                 }
-                Ok(Some(WatchReport::Failed(_)) | None) | Err(_) => break,
-                Ok(Some(report)) => match self.on_watch_report(report) {
-                    Err(changed) => return changed,
-                    Ok(()) => break,
-                },
+                Ok(Some(report @ WatchReport::Changed { .. })) => {
+                    if let Err(changed) = self.on_watch_report(report) {
+                        return changed;
+                    }
+                    break;
+                }
+                // The watch failed too, or did not answer: the server's error stands.
+                Ok(Some(WatchReport::Failed(_) | WatchReport::Invalid(_)) | None) | Err(_) => break,
             }
         }
         RelayError::Pg(error)

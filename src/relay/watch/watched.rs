@@ -14,20 +14,30 @@ use crate::pg::Lsn;
 use super::primary::PrimarySide;
 use super::WatchReport;
 
-/// The first reading must find every outbox as the relay prepared it: the same relation
-/// id behind its name, and published.
-pub(super) fn first_reading_problem(
+/// The first reading must find every outbox as the relay prepared it: the publication
+/// there, the same relation id behind the outbox's name, and published. What changed
+/// between the preparation and this reading otherwise, and for which outbox (reported
+/// like any later change: the position from which rows may be missing is the start).
+pub(super) fn first_reading_change(
     outboxes: &[OutboxRelation],
     identities: &[PublicationIdentity],
-) -> Option<String> {
-    outboxes.iter().zip(identities).find_map(|(outbox, identity)| {
-        (identity.table_oid != Some(outbox.oid) || !identity.published).then(|| {
-            format!(
-                "the outbox {} changed while the relay was starting (relation id {:?}, expected {}; published: {})",
-                outbox.table, identity.table_oid, outbox.oid, identity.published
-            )
+) -> Option<(PublicationChange, Option<QualifiedName>)> {
+    outboxes
+        .iter()
+        .zip(identities)
+        .find_map(|(outbox, identity)| {
+            let change = match identity.table_oid {
+                _ if identity.publication_oid.is_none() => PublicationChange::PublicationDropped,
+                None => PublicationChange::TableDropped,
+                Some(now) if now != outbox.oid => PublicationChange::TableReplaced {
+                    was: outbox.oid,
+                    now,
+                },
+                Some(_) if !identity.published => PublicationChange::TableLeftPublication,
+                Some(_) => return None,
+            };
+            Some((change, Some(outbox.table.clone())))
         })
-    })
 }
 
 /// What the watch watches, for one run of the task: the tables (growing as patterns
