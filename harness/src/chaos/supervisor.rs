@@ -23,7 +23,12 @@ pub struct Supervisor {
 
 impl Supervisor {
     pub fn start(config: String, started: Instant) -> Self {
-        let log_filter = std::env::var("RELAY_TEST_LOG").unwrap_or_else(|_| "warn".to_owned());
+        // Warnings, and the few lines that say what each session skipped and whether
+        // it waited for what it had in flight: what a duplicate count needs explaining.
+        let log_filter = std::env::var("RELAY_TEST_LOG").unwrap_or_else(|_| {
+            "warn,outbox_relay::relay::pipeline::steps=info,outbox_relay::relay::run::resume=info"
+                .to_owned()
+        });
         let mut supervisor = Supervisor {
             config,
             log_filter,
