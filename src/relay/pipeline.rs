@@ -191,7 +191,7 @@ impl<S: ReplicationStream> Pipeline<S> {
     pub(super) fn new(
         stream: S,
         (sink, notices): (Box<dyn Sink>, mpsc::UnboundedReceiver<SinkNotice>),
-        watch: OutboxWatch,
+        mut watch: OutboxWatch,
         start: Start,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -215,6 +215,18 @@ impl<S: ReplicationStream> Pipeline<S> {
             ..Progress::default()
         };
         let now = now();
+        let mut recorder = Recorder::new(recorded);
+        // What this process delivered before its last session ended, past the record
+        // (PostgreSQL was gone, so nothing could record it): recorded now, before the
+        // stream, by the watch's connection. A process killed before this session has
+        // skipped that far would otherwise send it all again, and after a broker outage
+        // and a PostgreSQL crash that can be many thousands of events (a CI chaos run:
+        // 15,357 after one relay kill -9).
+        if let Some(through) = resume.as_ref().map(|r| r.through).filter(|&t| t > recorded) {
+            if watch.record(through) {
+                recorder.written(through, now);
+            }
+        }
         Pipeline {
             conn: stream,
             sink,
@@ -232,7 +244,7 @@ impl<S: ReplicationStream> Pipeline<S> {
             commit_times: CommitTimes::default(),
             last_status_at: now,
             last_reported: slot_lsn,
-            recorder: Recorder::new(recorded),
+            recorder,
             record_due: None,
             resume,
             txn_had_events: false,

@@ -213,6 +213,20 @@ async fn an_idle_relay_follows_the_servers_wal_and_answers_a_reply_request_at_on
     relay.acknowledged(relay.wal()).await;
 }
 
+/// A session that resumes past its record, from what the process delivered before
+/// PostgreSQL went away, records that position at once, before it streams anything: a
+/// process killed meanwhile would otherwise have only the older record.
+#[tokio::test(start_paused = true)]
+async fn a_resume_from_memory_past_the_record_is_recorded_before_streaming() {
+    let through = Lsn(SLOT_LSN.0 + 0x5000);
+    let relay = Relay::start(Options {
+        resumed_through: Some(through),
+        ..Options::default()
+    });
+    relay.recorded_through(through).await;
+    assert_eq!(relay.recorded(), [through], "one write, of that position");
+}
+
 /// What PostgreSQL 18's WAL sender said in CI once the outbox was dropped and created
 /// again under a streaming relay.
 fn relation_gone() -> PgError {

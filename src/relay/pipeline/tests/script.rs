@@ -22,6 +22,7 @@ use crate::pg::sql::QualifiedName;
 use crate::pg::Lsn;
 use crate::relay::ack::InFlightLimits;
 use crate::relay::liveness::LivenessLimits;
+use crate::relay::record::Resume;
 use crate::relay::router::config::OutboxConfig;
 use crate::relay::router::{OutboxEvent, Router};
 use crate::relay::source::ReplicationStream;
@@ -103,6 +104,9 @@ pub(super) struct Options {
     pub(super) stall_release: Duration,
     pub(super) shutdown_timeout: Duration,
     pub(super) committed: Option<Lsn>,
+    /// The session resumes past the slot's position, to what the process delivered
+    /// before (the record behind it): the skip up to it, as `run` builds it.
+    pub(super) resumed_through: Option<Lsn>,
 }
 
 impl Default for Options {
@@ -117,6 +121,7 @@ impl Default for Options {
             stall_release: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(10),
             committed: None,
+            resumed_through: None,
         }
     }
 }
@@ -196,8 +201,14 @@ impl Relay {
             tables: vec![table],
             committed: options
                 .committed
+                .or(options.resumed_through)
                 .map(|lsn| Checkpoint::new("outbox_relay", "7300000000000000001", lsn, None)),
-            resume: None,
+            resume: options.resumed_through.map(|through| Resume {
+                from: SLOT_LSN,
+                through,
+                transactions: 0,
+                events: 0,
+            }),
         };
         let stream = ScriptedStream {
             events: event_rx,
