@@ -67,7 +67,10 @@
 //! record. A fast shutdown's tail, which the walsender streams after PostgreSQL stopped
 //! taking writes (so no record can hold it), is then not sent again either. What is left
 //! for a process that lives on: what was in flight and not confirmed within that wait.
-//! For a process killed (`kill -9`, OOM): the last record window and what was in flight.
+//! The next session writes that position into the record before it streams, so the
+//! memory outlives the process from then on. For a process killed (`kill -9`, OOM): the
+//! last record window and what was in flight, and, killed while PostgreSQL was away,
+//! what it delivered since its last record.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
