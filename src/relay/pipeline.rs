@@ -220,8 +220,8 @@ impl<S: ReplicationStream> Pipeline<S> {
         // (PostgreSQL was gone, so nothing could record it): recorded now, before the
         // stream, by the watch's connection. A process killed before this session has
         // skipped that far would otherwise send it all again, and after a broker outage
-        // and a PostgreSQL crash that can be many thousands of events (a CI chaos run:
-        // 15,357 after one relay kill -9).
+        // and a PostgreSQL crash that can be many thousands of events (a chaos run of
+        // the CI suite: 15,357 after one relay kill -9).
         if let Some(through) = resume.as_ref().map(|r| r.through).filter(|&t| t > recorded) {
             if watch.record(through) {
                 recorder.written(through, now);

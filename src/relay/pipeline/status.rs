@@ -191,9 +191,10 @@ impl<S: ReplicationStream> Pipeline<S> {
     /// shutdown request, or `timeout` (the stall release: as long as a streaming session
     /// waits for a confirmation) ends the wait. Why wait that long: what the sink has
     /// sent and not yet heard back about is still written by Kafka once the producer is
-    /// gone, and the next session would send it again. A CI chaos run counted 2,074
-    /// second copies after a PostgreSQL link cut that came while the broker, just
-    /// restarted, took longer than the 2 s this wait used to be to confirm its backlog.
+    /// gone, and the next session would send it again. A chaos run (a CI seed replayed
+    /// on a loaded machine) counted 2,074 second copies after a PostgreSQL link cut that
+    /// came while the broker, just restarted, took longer than the 2 s this wait used to
+    /// be to confirm its backlog.
     pub(in crate::relay) async fn settle(
         &mut self,
         timeout: Duration,
