@@ -40,6 +40,22 @@ fn ids_of(lines: &[String]) -> HashSet<String> {
         .collect()
 }
 
+/// Waits until the relay has read everything written so far: its status updates report
+/// the server's current WAL position as written (read, not necessarily delivered).
+fn wait_read_to_the_end(pg: &PgCluster) {
+    let end = support::u64_to_lsn(pg.current_wal_lsn());
+    support::wait_until("the relay has read the new events", WAIT, || {
+        pg.client()
+            .query_opt(
+                "SELECT 1 FROM pg_stat_replication WHERE write_lsn >= $1::text::pg_lsn",
+                &[&end],
+            )
+            .ok()
+            .flatten()
+            .is_some()
+    });
+}
+
 /// Wait until the relay printed every id in `want` (duplicates allowed).
 fn wait_for_ids(relay: &RelayProcess, want: &[String]) {
     support::wait_until("every committed event printed", WAIT, || {
@@ -161,17 +177,7 @@ fn sigterm_behind_a_dead_broker_exits_in_time_without_acknowledging() {
     insert(&pg, "dead", 1..6);
     // The relay has read the five events (its status updates report them written) and
     // holds them undelivered behind the paused broker.
-    let after = pg.current_wal_lsn();
-    support::wait_until("the relay has read the new events", WAIT, || {
-        pg.client()
-            .query_opt(
-                "SELECT 1 FROM pg_stat_replication WHERE write_lsn >= $1::text::pg_lsn",
-                &[&support::u64_to_lsn(after)],
-            )
-            .ok()
-            .flatten()
-            .is_some()
-    });
+    wait_read_to_the_end(&pg);
     let started = Instant::now();
     relay.sigterm();
     let status = relay.wait_exit(Duration::from_secs(20));
@@ -668,17 +674,7 @@ fn a_postgres_link_cut_while_the_broker_confirms_slowly_sends_nothing_twice() {
     want.extend(insert(&pg, "slow", 1..51));
     // The relay has read them (its status updates say so) and sent them to the paused
     // broker, which answers nothing.
-    let after = pg.current_wal_lsn();
-    support::wait_until("the relay has read the new events", WAIT, || {
-        pg.client()
-            .query_opt(
-                "SELECT 1 FROM pg_stat_replication WHERE write_lsn >= $1::text::pg_lsn",
-                &[&support::u64_to_lsn(after)],
-            )
-            .ok()
-            .flatten()
-            .is_some()
-    });
+    wait_read_to_the_end(&pg);
     proxy.cut();
     support::wait_until("the relay noticed the cut", WAIT, || {
         let stderr = relay.stderr();
