@@ -9,6 +9,15 @@ pub const INITIAL_DELAY: Duration = Duration::from_millis(250);
 /// fault is gone, and one relay retrying every few seconds costs the server nothing.
 pub const MAX_DELAY: Duration = Duration::from_secs(5);
 
+/// A session that lasted this long starts the delays over: the fault that ended it was
+/// not there for its first seconds, so it is not one that a growing wait spares the
+/// server from. Short, because a relay still waiting out an old fault's delay when the
+/// server is back again streams late and, until it has recorded what the last session
+/// delivered, a `kill -9` in that window sends it all again (a CI chaos run: a relay
+/// 3 s into a delay grown over a minute of faults, killed 1 s after PostgreSQL's fast
+/// restart). A fault that recurs every few seconds still grows the delays.
+pub const RESET_AFTER: Duration = Duration::from_secs(10);
+
 /// Longest wait of a standby relay between attempts at a busy slot: each attempt is a
 /// connection and a refused START_REPLICATION (a few milliseconds of the server's time),
 /// five to ten a second per standby.
@@ -41,6 +50,17 @@ impl Backoff {
 
     pub fn reset(&mut self) {
         self.attempt = 0;
+    }
+
+    /// A session (an attempt: connecting, streaming, until its error) ended after
+    /// `lasted`: one of at least [`RESET_AFTER`] starts the delays over. Returns whether
+    /// it did.
+    pub fn session_ended(&mut self, lasted: Duration) -> bool {
+        let reset = lasted >= RESET_AFTER;
+        if reset {
+            self.reset();
+        }
+        reset
     }
 
     /// The wait of a standby relay between attempts at a slot another process streams
@@ -106,6 +126,21 @@ mod tests {
         assert!(delays[11] >= MAX_DELAY / 2);
         backoff.reset();
         assert!(backoff.next_delay() <= INITIAL_DELAY);
+    }
+
+    #[test]
+    fn a_session_of_ten_seconds_starts_the_delays_over_and_a_short_one_does_not() {
+        let mut backoff = Backoff::new(9);
+        for _ in 0..6 {
+            backoff.next_delay();
+        }
+        assert!(!backoff.session_ended(Duration::from_secs(2)));
+        let grown = backoff.next_delay();
+        assert!(grown >= MAX_DELAY / 2, "{grown:?}");
+        // Ten seconds of streaming between two faults: the next retry is the first one.
+        assert!(backoff.session_ended(Duration::from_secs(10)));
+        let first = backoff.next_delay();
+        assert!(first <= INITIAL_DELAY, "{first:?}");
     }
 
     #[test]

@@ -74,8 +74,6 @@ mod tests;
 pub(super) const HEALTHY_TICKS: u32 = 3;
 /// How long closing the connection politely may take at shutdown.
 pub(super) const CLOSE_WAIT: Duration = Duration::from_secs(2);
-/// An attempt that ran this long resets the backoff: the fault was not persistent.
-pub(super) const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 
 /// Resolves once shutdown was requested.
 pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {

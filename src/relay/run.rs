@@ -18,9 +18,7 @@ use crate::pg::slot::{self, PreparedSource, SourceSpec};
 use crate::pg::Lsn;
 use crate::relay::backoff::Backoff;
 use crate::relay::liveness::{receive_timeout, status_interval, LivenessLimits};
-use crate::relay::pipeline::{
-    now_pg, stopped, Pipeline, Start, BACKOFF_RESET_AFTER, CLOSE_WAIT, HEALTHY_TICKS,
-};
+use crate::relay::pipeline::{now_pg, stopped, Pipeline, Start, CLOSE_WAIT, HEALTHY_TICKS};
 use crate::relay::record::Delivered;
 use crate::relay::settings::Settings;
 use crate::relay::takeover::{self, heartbeat, SilenceWatch};
@@ -88,8 +86,7 @@ pub async fn run(
             // A standby's attempts at the busy slot are waiting, not restarts.
             Metrics::add(&metrics.restarts, 1);
         }
-        if started.elapsed() > BACKOFF_RESET_AFTER {
-            backoff.reset();
+        if backoff.session_ended(started.elapsed()) {
             waiting_for_slot = false;
         }
         let delay = if standby {
