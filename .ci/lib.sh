@@ -47,14 +47,16 @@ test_counts() {
          END { if (seen) printf "%d passed, %d failed\n", p, f }' "$@"
 }
 
-# failure_summary FILE: why a job failed, short: the first lines of each panic in FILE
-# (libtest's "panicked at" and the message after it, 12 lines at most, each cut to 300
-# characters; 60 lines in all), or, without a panic (a timeout, a script's error), its
-# last 10 lines.
+# failure_summary FILE: why a job failed, short: each relay's last words in FILE (its
+# "error: ..." line when it exited on an error) and the first lines of each panic
+# (libtest's "panicked at" and the message after it, up to a backtrace or a note, 12
+# lines at most), each line cut to 300 characters, 60 lines in all; without a panic (a
+# timeout, a script's error), the last 10 lines.
 failure_summary() {
     if grep -q "panicked at" "$1"; then
-        awk '/panicked at/ { left = 12 }
-             /^note: run with/ || /^---- / || /^failures:$/ { left = 0 }
+        awk '/^\[[a-z0-9_-]+\] error: / { print substr($0, 1, 300); next }
+             /panicked at/ { left = 12 }
+             /^note: / || /^stack backtrace:/ || /^---- / || /^failures:$/ { left = 0 }
              left > 0 { print substr($0, 1, 300); left-- }' "$1" | head -n 60
     else
         tail -n 10 "$1" | cut -c1-300
