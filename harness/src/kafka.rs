@@ -53,9 +53,9 @@ pub mod segments;
 
 use super::process::Watchdog;
 pub use client::{
-    add_partitions, consume, create_topic, delete_all_topics, list_topics, produce,
-    produce_records, read_all, read_committed, try_produce_records, unique_group_id, Delivered,
-    OutgoingRecord, Record, PRODUCE_TIMEOUT,
+    add_partitions, consume, create_topic, delete_all_topics, ids_once_present, list_topics,
+    produce, produce_records, read_all, read_committed, try_produce_records, unique_group_id,
+    Delivered, OutgoingRecord, Record, PRODUCE_TIMEOUT,
 };
 use jvm::log4j_config;
 pub use jvm::{kafka_libs_dir, kafka_version, KAFKA_LIBS_ENV, KAFKA_TEST_LOG_ENV};

@@ -18,7 +18,7 @@ mod topics;
 pub use producer::{
     produce, produce_records, try_produce_records, Delivered, OutgoingRecord, PRODUCE_TIMEOUT,
 };
-pub use reader::{consume, read_all, read_committed, unique_group_id, Record};
+pub use reader::{consume, ids_once_present, read_all, read_committed, unique_group_id, Record};
 pub use topics::{add_partitions, create_topic, delete_all_topics, list_topics};
 
 /// Deadline for one metadata request.

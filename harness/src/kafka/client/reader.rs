@@ -160,6 +160,27 @@ pub fn consume(
     read_range(&client, bootstrap, &snapshot)
 }
 
+/// The `id` headers in `topics`, read again until every one of `want` is there or
+/// `deadline` passes (then what was read last, so the caller's assertion names what is
+/// missing). Waits on the ids themselves: a count of records can be reached while an
+/// event is still to come, when the topics already hold earlier events or copies.
+pub fn ids_once_present(
+    bootstrap: &str,
+    topics: &[&str],
+    want: &[String],
+    deadline: Duration,
+) -> std::collections::HashSet<String> {
+    let mut seen = std::collections::HashSet::new();
+    crate::wait::poll_until(deadline, || {
+        seen = read_all(bootstrap, topics)
+            .iter()
+            .filter_map(|record| record.header("id"))
+            .collect();
+        want.iter().all(|id| seen.contains(id)).then_some(())
+    });
+    seen
+}
+
 /// Everything `topics` hold right now (up to their current high watermarks).
 pub fn read_all(bootstrap: &str, topics: &[&str]) -> Vec<Record> {
     consume(bootstrap, topics, 0, Duration::ZERO)
