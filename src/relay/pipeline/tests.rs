@@ -229,14 +229,32 @@ async fn a_resume_from_memory_past_the_record_is_recorded_before_streaming() {
 
 /// What PostgreSQL 18's WAL sender said in CI once the outbox was dropped and created
 /// again under a streaming relay.
-fn relation_gone() -> PgError {
+fn server_error(code: &str, message: &str) -> PgError {
     PgError::Db(DbError {
         severity: "ERROR".into(),
-        code: "XX000".into(),
-        message: "could not open relation with OID 16385".into(),
+        code: code.into(),
+        message: message.into(),
         detail: None,
         hint: None,
     })
+}
+
+fn relation_gone() -> PgError {
+    server_error("XX000", "could not open relation with OID 16385")
+}
+
+/// How a streaming session ends when PostgreSQL fails the stream with `error`, the
+/// outbox unchanged; `watch_answers: false` holds the watch's answers back past the wait.
+async fn ended_by_server_error(error: PgError, watch_answers: bool) -> RelayError {
+    let mut relay = Relay::start(Options::default());
+    relay.next_status().await;
+    relay.hold_vouching(!watch_answers);
+    relay.fail(error);
+    relay
+        .ended()
+        .await
+        .1
+        .expect_err("a failed stream ends the session with an error")
 }
 
 /// Waits (on the paused clock) until the pipeline took everything written.
@@ -279,13 +297,9 @@ async fn a_server_error_after_the_outbox_changed_stops_the_relay_with_the_change
 
 #[tokio::test(start_paused = true)]
 async fn a_server_error_the_watch_cannot_explain_stays_the_servers_error() {
-    let mut relay = Relay::start(Options::default());
-    relay.next_status().await;
     // The watch does not answer within the wait: nothing vouches for the outbox.
-    relay.hold_vouching(true);
-    relay.fail(relation_gone());
-    match relay.ended().await.1 {
-        Err(error @ RelayError::Pg(PgError::Db(_))) => {
+    match ended_by_server_error(relation_gone(), false).await {
+        error @ RelayError::Pg(PgError::Db(_)) => {
             assert!(!error.is_retryable(), "{error:?}");
             assert!(
                 error.to_string().contains("could not open relation"),
@@ -302,11 +316,8 @@ async fn a_server_error_the_watch_cannot_explain_stays_the_servers_error() {
 /// server's error, not a stop.
 #[tokio::test(start_paused = true)]
 async fn an_internal_server_error_with_the_outbox_unchanged_is_retried() {
-    let mut relay = Relay::start(Options::default());
-    relay.next_status().await;
-    relay.fail(relation_gone());
-    match relay.ended().await.1 {
-        Err(error @ RelayError::Transient(Transient::Pg(PgError::Db(_)))) => {
+    match ended_by_server_error(relation_gone(), true).await {
+        error @ RelayError::Transient(Transient::Pg(PgError::Db(_))) => {
             assert!(error.is_retryable(), "{error:?}");
             assert!(
                 error.to_string().contains("could not open relation"),
@@ -320,17 +331,12 @@ async fn an_internal_server_error_with_the_outbox_unchanged_is_retried() {
 /// Any other server error stays what it was, vouched for or not.
 #[tokio::test(start_paused = true)]
 async fn a_server_error_that_is_not_internal_with_the_outbox_unchanged_stays_the_servers_error() {
-    let mut relay = Relay::start(Options::default());
-    relay.next_status().await;
-    relay.fail(PgError::Db(DbError {
-        severity: "ERROR".into(),
-        code: "58P01".into(),
-        message: "requested WAL segment 000000010000000000000001 has already been removed".into(),
-        detail: None,
-        hint: None,
-    }));
-    match relay.ended().await.1 {
-        Err(error @ RelayError::Pg(PgError::Db(_))) => assert!(!error.is_retryable()),
+    let removed = server_error(
+        "58P01",
+        "requested WAL segment 000000010000000000000001 has already been removed",
+    );
+    match ended_by_server_error(removed, true).await {
+        error @ RelayError::Pg(PgError::Db(_)) => assert!(!error.is_retryable()),
         other => panic!("not the server's error: {other:?}"),
     }
 }
