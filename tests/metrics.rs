@@ -80,10 +80,18 @@ fn per_topic_counts_lag_and_latency_follow_deliveries() {
     insert_events(&pg, "customer", 2);
     relay.wait_for_lines(6, WAIT);
     let after = pg.current_wal_lsn();
-    let text = support::wait_for("every delivery counted and acknowledged", WAIT, || {
-        let text = scrape(port)?;
-        (value(&text, FLUSH_LSN)? >= after).then_some(text)
-    });
+    // The lag is the last status update's: received past acknowledged. A status
+    // update may go out between the event's acknowledgement and the relay's receipt of
+    // WAL after it (a keepalive's position), so the lag is waited for, not sampled.
+    let text = support::wait_for(
+        "every delivery counted and acknowledged, and no lag",
+        WAIT,
+        || {
+            let text = scrape(port)?;
+            (value(&text, FLUSH_LSN)? >= after && value(&text, REPLICATION_LAG_BYTES)? == 0)
+                .then_some(text)
+        },
+    );
     let topic = |name: &str| {
         value(
             &text,
