@@ -454,6 +454,84 @@ fn a_pattern_relays_every_tenant_table_including_ones_created_while_it_runs() {
     }
 }
 
+/// A tenant's table dropped while the outbox watch reads the publication. On
+/// PostgreSQL 16 and later, `pg_publication_tables` opens every table it lists; one
+/// dropped between the listing and the open fails the read with `could not open
+/// relation with OID …` (SQLSTATE XX000). Here the drop holds its lock, uncommitted,
+/// until the watch's read waits for that lock, and commits then: the read fails every
+/// time, not only when the race is lost by chance. The watch reads again, the table
+/// leaves the relay's set, and the relay streams on.
+#[test]
+fn a_tenant_table_dropped_while_the_watch_reads_the_publication_stops_nothing() {
+    let pg = cluster_with_app_db();
+    let mut client = pg.client_db("app");
+    client.batch_execute(OUTBOX_SQL).expect("public.outbox");
+    for tenant in ["tenant_1", "tenant_2"] {
+        client
+            .batch_execute(&format!(
+                "CREATE SCHEMA {tenant}; CREATE TABLE {tenant}.outbox (LIKE public.outbox INCLUDING ALL);"
+            ))
+            .unwrap();
+    }
+    let config = format!(
+        "[postgres]\nurl = \"{}\"\nslot = \"{SLOT}\"\npublication = \"outbox_relay\"\nstatus_interval_ms = 200\n\
+         [[outbox]]\ntable = \"tenant_*.outbox\"\n\
+         [sink]\ntype = \"stdout\"\n",
+        pg.url("postgres", None, "app")
+    );
+    let relay = RelayProcess::start(&config);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+    let before = insert(&pg, "tenant_2.outbox", "T");
+    support::wait_until("tenant_2's first row arrives", WAIT, || {
+        topics(&relay.lines()).contains_key(&before)
+    });
+
+    let mut dropping = pg.client_db("app");
+    dropping
+        .batch_execute("BEGIN; DROP SCHEMA tenant_1 CASCADE")
+        .expect("the drop, uncommitted");
+    // A delivery makes the relay ask the watch; its read waits for the drop's lock.
+    let during = insert(&pg, "tenant_2.outbox", "T");
+    let opens_tables: bool = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int >= 160000",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    if opens_tables {
+        support::wait_until("the watch's read waits for the drop's lock", WAIT, || {
+            count(
+                &pg,
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'outbox-relay (outbox watch)' AND wait_event_type = 'Lock'",
+            ) == 1
+        });
+    }
+    dropping.batch_execute("COMMIT").expect("the drop commits");
+
+    let after = insert(&pg, "tenant_2.outbox", "T");
+    support::wait_until(
+        "tenant_2's rows during and after the drop arrive",
+        WAIT,
+        || {
+            let seen = topics(&relay.lines());
+            seen.contains_key(&during) && seen.contains_key(&after) || relay.exit_status().is_some()
+        },
+    );
+    assert_eq!(
+        relay.exit_status(),
+        None,
+        "the relay runs on: {}",
+        plain(&relay.stderr())
+    );
+    let seen = topics(&relay.lines());
+    assert!(seen.contains_key(&during) && seen.contains_key(&after));
+    support::wait_until("the watch saw the drop", WAIT, || {
+        plain(&relay.stderr()).contains("was dropped")
+    });
+}
+
 #[test]
 fn a_tenant_table_the_relay_may_not_publish_stops_it_with_the_statement_to_run() {
     let pg = cluster_with_app_db();

@@ -18,7 +18,8 @@ use crate::pg::state;
 use crate::pg::url::ConnectParams;
 use crate::Lsn;
 pub use publication::{
-    create_publication_sql, is_published, join_publication, matching_tables, resolve_tables,
+    create_publication_sql, is_published, join_publication, matching_tables,
+    read_publication_tables, resolve_tables,
 };
 use publication::{ensure_publication, outbox_relations};
 pub(crate) use standby::wait_replayed;

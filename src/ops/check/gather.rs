@@ -188,11 +188,13 @@ async fn publication(
     if found.rows.is_empty() {
         return Ok(None);
     }
-    let tables = conn
-        .simple_query(&format!(
+    let tables = crate::pg::slot::read_publication_tables(
+        conn,
+        &format!(
             "SELECT schemaname, tablename FROM pg_catalog.pg_publication_tables WHERE pubname = {name}"
-        ))
-        .await?;
+        ),
+    )
+    .await?;
     Ok(Some(PublicationFacts {
         inserts: yes(&found, 0, "pubinsert"),
         via_root: yes(&found, 0, "pubviaroot"),

@@ -5,7 +5,7 @@
 //! table for a messages-only relay). Apart from the slot's own steps because it is a
 //! different object with its own failure messages; it imports nothing from `slot.rs`.
 
-use crate::pg::conn::{PgConnection, PgError};
+use crate::pg::conn::{PgConnection, PgError, QueryResult};
 use crate::pg::diagnose::SetupError;
 use crate::pg::source::{OutboxRelation, SourceSpec, TablePattern};
 use crate::pg::sql::{quote_ident, quote_literal, QualifiedName};
@@ -193,12 +193,14 @@ pub(super) async fn ensure_publication(
         )));
     }
     if !spec.outbox() {
-        let tables = conn
-            .simple_query(&format!(
+        let tables = read_publication_tables(
+            conn,
+            &format!(
                 "SELECT schemaname, tablename FROM pg_catalog.pg_publication_tables WHERE pubname = {} LIMIT 1",
                 quote_literal(publication)
-            ))
-            .await?;
+            ),
+        )
+        .await?;
         if let (Some(schema), Some(name)) =
             (tables.get(0, "schemaname"), tables.get(0, "tablename"))
         {
@@ -237,20 +239,56 @@ pub(super) async fn ensure_publication(
     Ok(false)
 }
 
+/// How many times a read of `pg_publication_tables` is made at most when tables it
+/// listed were dropped before it opened them.
+const PUBLICATION_READS: u32 = 10;
+
+/// Runs `sql`, a query that reads `pg_publication_tables`, and runs it again when a
+/// table dropped meanwhile failed it. PostgreSQL 16 and later open every table the
+/// view lists (to list its columns), after listing them: a table dropped in between (a
+/// tenant's outbox of a pattern, offboarded while the relay runs) fails the whole query
+/// with "could not open relation with OID …" (SQLSTATE `XX000`), although nothing is
+/// wrong. That open waited for the drop's lock, so the drop has committed, and the
+/// next read lists the tables without it.
+pub async fn read_publication_tables(
+    conn: &mut PgConnection,
+    sql: &str,
+) -> Result<QueryResult, PgError> {
+    let mut reads = 1;
+    loop {
+        match conn.simple_query(sql).await {
+            Err(error) if reads < PUBLICATION_READS && dropped_while_listed(&error) => {
+                tracing::debug!(%error, "a table of the publication was dropped while the publication was read: reading it again");
+                reads += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// The error of a read of `pg_publication_tables` that a table dropped meanwhile failed
+/// (see [`read_publication_tables`]).
+fn dropped_while_listed(error: &PgError) -> bool {
+    matches!(error, PgError::Db(db)
+        if db.code == "XX000" && db.message.starts_with("could not open relation with OID "))
+}
+
 /// `pg_publication_tables` lists `table` in `publication` (under its own name).
 pub async fn is_published(
     conn: &mut PgConnection,
     publication: &str,
     table: &QualifiedName,
 ) -> Result<bool, PgError> {
-    let found = conn
-        .simple_query(&format!(
+    let found = read_publication_tables(
+        conn,
+        &format!(
             "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = {} AND schemaname = {} AND tablename = {}",
             quote_literal(publication),
             quote_literal(&table.schema),
             quote_literal(&table.name)
-        ))
-        .await?;
+        ),
+    )
+    .await?;
     Ok(!found.rows.is_empty())
 }
 

@@ -6,7 +6,7 @@
 use crate::pg::conn::PgConnection;
 use crate::pg::diagnose::SetupError;
 use crate::pg::publication::{identities_query, PublicationChange, PublicationIdentity};
-use crate::pg::slot::{join_publication, matching_tables, wait_replayed};
+use crate::pg::slot::{join_publication, matching_tables, read_publication_tables, wait_replayed};
 use crate::pg::source::{OutboxRelation, TablePattern};
 use crate::pg::sql::{quote_literal, QualifiedName};
 use crate::pg::Lsn;
@@ -244,8 +244,9 @@ impl Watched {
             .ok_or_else(|| {
                 WatchReport::Invalid("pg_current_wal_lsn() returned no position".into())
             })?;
-        let identities = conn
-            .simple_query(&self.query)
+        // The identities read through pg_publication_tables, which a pattern's table
+        // dropped meanwhile can fail: read again then.
+        let identities = read_publication_tables(conn, &self.query)
             .await
             .map_err(WatchReport::Failed)?;
         let identities = PublicationIdentity::from_result(&identities, self.outboxes.len().max(1))
