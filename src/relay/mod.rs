@@ -39,10 +39,6 @@ pub mod log {
     /// once each time it starts waiting).
     pub const WAITING_FOR_SLOT: &str =
         "replication slot is in use by another process; waiting to take over";
-    /// The WAL sender failed with an internal error while the outbox tables were
-    /// published as before: a new session decodes the same WAL again.
-    pub const WAL_SENDER_INTERNAL_ERROR: &str =
-        "PostgreSQL's WAL sender failed with an internal error, and the outbox tables are published as before (seen after another table of the publication was dropped); streaming again from the acknowledged position";
     /// A standby ends the walsender of a relay that went silent, to take the slot over.
     pub const TAKING_OVER: &str =
         "the relay streaming from the slot is silent: ending its walsender to take over";

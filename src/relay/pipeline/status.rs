@@ -13,7 +13,7 @@ use crate::relay::feedback::{feedback, Feedback};
 use crate::relay::record::RecordStep;
 use crate::relay::source::ReplicationStream;
 use crate::relay::watch::WatchReport;
-use crate::relay::{Definite, RelayError, Transient};
+use crate::relay::{Definite, RelayError};
 
 use super::{now, now_pg, Pipeline, CLOSE_WAIT};
 
@@ -21,8 +21,6 @@ use super::{now, now_pg, Pipeline, CLOSE_WAIT};
 /// whether the outbox changed ([`Pipeline::stream_failed`]): its check is two short
 /// queries on a connection that is already open.
 const EXPLAIN_WAIT: Duration = Duration::from_secs(5);
-/// SQLSTATE `internal_error`: an `elog(ERROR)` of the server, no condition of its own.
-const INTERNAL_ERROR: &str = "XX000";
 
 impl<S: ReplicationStream> Pipeline<S> {
     /// After a delivery report: when it moved the acknowledged position, send a status
@@ -82,14 +80,6 @@ impl<S: ReplicationStream> Pipeline<S> {
     /// check has reported the drop. So the watch is asked now (for at most
     /// [`EXPLAIN_WAIT`]); a change it finds replaces the server's error, which stays
     /// otherwise.
-    ///
-    /// One exception: an internal error (`XX000`) after which the watch, asked after
-    /// it, vouches that the outbox tables are published as before. The WAL sender fails
-    /// so at times when some *other* table of the publication was dropped (a tenant's
-    /// outbox of a pattern, on PostgreSQL 17 in CI: its decoding caches still held the
-    /// table), and a new WAL sender, with fresh caches, decodes the same WAL. That one
-    /// is retried from the acknowledged position, as a restart would; one that recurs
-    /// is logged at every attempt.
     pub(super) async fn stream_failed(&mut self, error: PgError) -> RelayError {
         if !matches!(error, PgError::Db(_)) || error.is_transient() {
             return RelayError::Pg(error);
@@ -103,14 +93,6 @@ impl<S: ReplicationStream> Pipeline<S> {
                 Ok(Some(WatchReport::Vouched(lsn))) => {
                     self.tracker.vouch(lsn);
                     if asked_after_the_error {
-                        if matches!(&error, PgError::Db(db) if db.code == INTERNAL_ERROR) {
-                            tracing::warn!(
-                                error = %error,
-                                "{}",
-                                crate::relay::log::WAL_SENDER_INTERNAL_ERROR
-                            );
-                            return Transient::Pg(error).into();
-                        }
                         break;
                     }
                     asked_after_the_error = self.watch.request_now();
