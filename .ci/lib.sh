@@ -50,7 +50,7 @@ test_counts() {
 # failure_summary FILE: why a job failed, in a few lines (the official CI shows only a
 # part of the output, and five failed jobs must fit in it): the relays' distinct last
 # words in FILE (an "error: ..." line when one exited on an error, 2 at most) and, for
-# each panic (4 at most), where it was and the first line of its message, with an
+# each panic (4 at most), where it was and the first two lines of its message, with an
 # assert_eq!'s "left"/"right" on one more line; each line cut to 240 characters. Without
 # a panic (a timeout, a script's error), the last 6 lines.
 failure_summary() {
@@ -64,7 +64,12 @@ failure_summary() {
                  flush(); sub(/.*panicked at /, ""); loc = $0; first = 1; open = 1; panics++
                  next
              }
-             open && first { if (panics <= 4) print substr("at " loc " " $0, 1, 240); first = 0; next }
+             open && first == 1 { if (panics <= 4) print substr("at " loc " " $0, 1, 240); first = 2; next }
+             # The second line of a message that goes on (the chaos run lists its failures).
+             open && first == 2 && !/^note: / && !/^stack backtrace:/ && !/^  left: / && !/^$/ {
+                 if (panics <= 4) print substr("  " $0, 1, 240)
+             }
+             open && first == 2 { first = 0 }
              open && /^  left: / { lr = "left: " substr($0, 9) }
              open && /^ right: / { lr = lr "; right: " substr($0, 9) }
              open && (/^note: / || /^stack backtrace:/ || /^---- / || /^failures:$/) {
