@@ -167,3 +167,64 @@ fn outbox_removed_and_added_back_stops_the_relay_unacknowledged() {
         &[],
     );
 }
+
+/// The outbox dropped while the watch reads the publication. PostgreSQL 16 and later
+/// fail that read with `could not open relation with OID …` (SQLSTATE XX000) when a
+/// table it lists is dropped before it opens it; the relay then stopped with that bare
+/// error (CI, PostgreSQL 16 and 18) instead of naming the drop. Here the drop holds its
+/// lock, uncommitted, until the watch's read waits for it, then commits.
+#[test]
+fn an_outbox_dropped_while_the_watch_reads_the_publication_is_named_as_dropped() {
+    let pg = cluster_with_outbox(support::PgOptions::default());
+    let relay = RelayProcess::start(&stdout_config(&pg));
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+    let delivered = insert(&pg, 1);
+    assert_eq!(ids(&relay.wait_for_lines(1, WAIT)), [delivered]);
+
+    let mut client = pg.client_db("app");
+    let opens_tables: bool = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int >= 160000",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let mut dropping = pg.client_db("app");
+    dropping
+        .batch_execute("BEGIN; DROP TABLE outbox")
+        .expect("the drop, uncommitted");
+    // WAL written elsewhere moves the server's position: the relay asks the watch to
+    // vouch for it, and the watch's read waits for the drop's lock.
+    client
+        .batch_execute("CREATE TABLE elsewhere (n int); INSERT INTO elsewhere VALUES (1)")
+        .unwrap();
+    if opens_tables {
+        support::wait_until("the watch's read waits for the drop's lock", WAIT, || {
+            let waiting: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE application_name = 'outbox-relay (outbox watch)' AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            if waiting == 0 {
+                // Another status tick, another request.
+                client
+                    .batch_execute("INSERT INTO elsewhere VALUES (2)")
+                    .unwrap();
+            }
+            waiting == 1
+        });
+    }
+    dropping.batch_execute("COMMIT").expect("the drop commits");
+
+    let status = relay.wait_exit(WAIT);
+    assert!(!status.success(), "the relay stops");
+    let stderr = plain(&relay.stderr());
+    assert!(
+        stderr.contains("the outbox table was dropped or renamed")
+            && !stderr.contains("could not open relation"),
+        "names the drop, not the read's error: {stderr}"
+    );
+}

@@ -75,11 +75,9 @@ impl<S: ReplicationStream> Pipeline<S> {
 
     /// PostgreSQL ended the stream with an error of its own (not a lost connection or a
     /// shutdown): a changed outbox explains such an error best, and says from where rows
-    /// may be missing. PostgreSQL 18's WAL sender, for one, fails with "could not open
-    /// relation with OID …" once the outbox was dropped, at times before the watch's
-    /// check has reported the drop. So the watch is asked now (for at most
-    /// [`EXPLAIN_WAIT`]); a change it finds replaces the server's error, which stays
-    /// otherwise.
+    /// may be missing, and the stream can end before the watch's check has reported the
+    /// change. So the watch is asked now (for at most [`EXPLAIN_WAIT`]); a change it
+    /// finds replaces the server's error, which stays otherwise.
     pub(super) async fn stream_failed(&mut self, error: PgError) -> RelayError {
         if !matches!(error, PgError::Db(_)) || error.is_transient() {
             return RelayError::Pg(error);

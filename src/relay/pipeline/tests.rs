@@ -227,8 +227,7 @@ async fn a_resume_from_memory_past_the_record_is_recorded_before_streaming() {
     assert_eq!(relay.recorded(), [through], "one write, of that position");
 }
 
-/// What PostgreSQL 18's WAL sender said in CI once the outbox was dropped and created
-/// again under a streaming relay.
+/// A server's error, as an ErrorResponse carries it.
 fn server_error(code: &str, message: &str) -> PgError {
     PgError::Db(DbError {
         severity: "ERROR".into(),
@@ -239,6 +238,7 @@ fn server_error(code: &str, message: &str) -> PgError {
     })
 }
 
+/// The error a read of a dropped table gets.
 fn relation_gone() -> PgError {
     server_error("XX000", "could not open relation with OID 16385")
 }
