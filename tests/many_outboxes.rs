@@ -532,6 +532,80 @@ fn a_tenant_table_dropped_while_the_watch_reads_the_publication_stops_nothing() 
     });
 }
 
+/// A tenant's table dropped right after it was created, while the watch adds it to the
+/// publication: its `ALTER PUBLICATION … ADD TABLE` waits for the drop's lock and then
+/// finds no table. The relay streams on. To make the watch find the table before the
+/// drop commits, every time: the watch is first held on its write of the state table
+/// (a row lock) while the table is created and the drop begins, then let go.
+#[test]
+fn a_tenant_table_dropped_as_the_watch_adds_it_stops_nothing() {
+    let pg = cluster_with_app_db();
+    let mut client = pg.client_db("app");
+    client.batch_execute(OUTBOX_SQL).expect("public.outbox");
+    client
+        .batch_execute(
+            "CREATE SCHEMA tenant_1; CREATE TABLE tenant_1.outbox (LIKE public.outbox INCLUDING ALL);",
+        )
+        .unwrap();
+    let config = format!(
+        "[postgres]\nurl = \"{}\"\nslot = \"{SLOT}\"\npublication = \"outbox_relay\"\nstatus_interval_ms = 200\n\
+         [[outbox]]\ntable = \"tenant_*.outbox\"\n\
+         [sink]\ntype = \"stdout\"\n",
+        pg.url("postgres", None, "app")
+    );
+    let relay = RelayProcess::start(&config);
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+    let first = insert(&pg, "tenant_1.outbox", "T");
+    support::wait_until("tenant_1's first row arrives", WAIT, || {
+        topics(&relay.lines()).contains_key(&first)
+    });
+    let watch_waits_for_a_lock = |what: &str| {
+        support::wait_until(what, WAIT, || {
+            count(
+                &pg,
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'outbox-relay (outbox watch)' AND wait_event_type = 'Lock'",
+            ) == 1
+        });
+    };
+
+    // Hold the watch: its next record of the acknowledged position waits for the row.
+    let mut holding = pg.client_db("app");
+    holding
+        .batch_execute("BEGIN; SELECT * FROM public.outbox_relay_state FOR UPDATE")
+        .unwrap();
+    let held = insert(&pg, "tenant_1.outbox", "T");
+    watch_waits_for_a_lock("the watch's record waits for the state row");
+    // The tenant comes and goes; its drop holds the table until the watch asks for it.
+    client
+        .batch_execute(
+            "CREATE SCHEMA tenant_2; CREATE TABLE tenant_2.outbox (LIKE public.outbox INCLUDING ALL);",
+        )
+        .unwrap();
+    let mut dropping = pg.client_db("app");
+    dropping
+        .batch_execute("BEGIN; DROP SCHEMA tenant_2 CASCADE")
+        .expect("the drop, uncommitted");
+    holding.batch_execute("COMMIT").unwrap();
+    // A delivery asks the watch for a check: it finds tenant_2.outbox and adds it.
+    let during = insert(&pg, "tenant_1.outbox", "T");
+    watch_waits_for_a_lock("the watch's ALTER PUBLICATION waits for the drop's lock");
+    dropping.batch_execute("COMMIT").expect("the drop commits");
+
+    let after = insert(&pg, "tenant_1.outbox", "T");
+    support::wait_until("tenant_1's rows arrive", WAIT, || {
+        let seen = topics(&relay.lines());
+        [&held, &during, &after].iter().all(|id| seen.contains_key(*id))
+            || relay.exit_status().is_some()
+    });
+    assert_eq!(
+        relay.exit_status(),
+        None,
+        "the relay runs on: {}",
+        plain(&relay.stderr())
+    );
+}
+
 #[test]
 fn a_tenant_table_the_relay_may_not_publish_stops_it_with_the_statement_to_run() {
     let pg = cluster_with_app_db();

@@ -3,7 +3,7 @@
 //! the baseline, and the discovery of a pattern's new tables. The task and its channels
 //! are in `watch.rs`.
 
-use crate::pg::conn::PgConnection;
+use crate::pg::conn::{PgConnection, PgError};
 use crate::pg::diagnose::SetupError;
 use crate::pg::publication::{identities_query, PublicationChange, PublicationIdentity};
 use crate::pg::slot::{join_publication, matching_tables, read_publication_tables, wait_replayed};
@@ -13,6 +13,10 @@ use crate::pg::Lsn;
 
 use super::primary::PrimarySide;
 use super::WatchReport;
+
+/// SQLSTATEs of a table, or its schema, that is not there (any more): `undefined_table`,
+/// `invalid_schema_name`.
+const GONE: [&str; 2] = ["42P01", "3F000"];
 
 /// The first reading must find every outbox as the relay prepared it: the publication
 /// there, the same relation id behind the outbox's name, and published. What changed
@@ -156,22 +160,28 @@ impl Watched {
                 SetupError::Pg(error) => WatchReport::Failed(error),
                 other => WatchReport::Invalid(other.to_string()),
             };
-            match primary
+            let joining = match primary
                 .for_writes(conn)
                 .await
                 .map_err(WatchReport::Failed)?
             {
                 Some(on_primary) => {
-                    join_publication(on_primary, &self.publication, &table)
-                        .await
-                        .map_err(setup_failed)?;
-                    wait_replayed(conn, on_primary)
-                        .await
-                        .map_err(setup_failed)?;
+                    match join_publication(on_primary, &self.publication, &table).await {
+                        Ok(()) => wait_replayed(conn, on_primary).await,
+                        Err(error) => Err(error),
+                    }
                 }
-                None => join_publication(conn, &self.publication, &table)
-                    .await
-                    .map_err(setup_failed)?,
+                None => join_publication(conn, &self.publication, &table).await,
+            };
+            match joining {
+                Ok(()) => {}
+                // Dropped (or its schema) between the listing and the ALTER PUBLICATION,
+                // which waited for the drop's lock: nothing to watch.
+                Err(SetupError::Pg(PgError::Db(db))) if GONE.contains(&db.code.as_str()) => {
+                    tracing::info!(%table, "an outbox table of a pattern was dropped as it was found: nothing to stream from it");
+                    continue;
+                }
+                Err(error) => return Err(setup_failed(error)),
             }
             let relation = conn
                 .simple_query(&format!(
