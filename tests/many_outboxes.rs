@@ -454,6 +454,29 @@ fn a_pattern_relays_every_tenant_table_including_ones_created_while_it_runs() {
     }
 }
 
+/// A relay on the pattern `tenant_*.outbox` alone (stdout sink), streaming, with a
+/// table for each of `tenants` (and `public.outbox`, the tables' model) made before it
+/// started.
+fn relay_on_tenants(pg: &PgCluster, tenants: &[&str]) -> RelayProcess {
+    let client = &mut pg.client_db("app");
+    client.batch_execute(OUTBOX_SQL).expect("public.outbox");
+    for tenant in tenants {
+        client
+            .batch_execute(&format!(
+                "CREATE SCHEMA {tenant}; CREATE TABLE {tenant}.outbox (LIKE public.outbox INCLUDING ALL);"
+            ))
+            .unwrap();
+    }
+    let relay = RelayProcess::start(&format!(
+        "[postgres]\nurl = \"{}\"\nslot = \"{SLOT}\"\npublication = \"outbox_relay\"\nstatus_interval_ms = 200\n\
+         [[outbox]]\ntable = \"tenant_*.outbox\"\n\
+         [sink]\ntype = \"stdout\"\n",
+        pg.url("postgres", None, "app")
+    ));
+    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+    relay
+}
+
 /// A tenant's table dropped while the outbox watch reads the publication. On
 /// PostgreSQL 16 and later, `pg_publication_tables` opens every table it lists; one
 /// dropped between the listing and the open fails the read with `could not open
@@ -464,23 +487,7 @@ fn a_pattern_relays_every_tenant_table_including_ones_created_while_it_runs() {
 #[test]
 fn a_tenant_table_dropped_while_the_watch_reads_the_publication_stops_nothing() {
     let pg = cluster_with_app_db();
-    let mut client = pg.client_db("app");
-    client.batch_execute(OUTBOX_SQL).expect("public.outbox");
-    for tenant in ["tenant_1", "tenant_2"] {
-        client
-            .batch_execute(&format!(
-                "CREATE SCHEMA {tenant}; CREATE TABLE {tenant}.outbox (LIKE public.outbox INCLUDING ALL);"
-            ))
-            .unwrap();
-    }
-    let config = format!(
-        "[postgres]\nurl = \"{}\"\nslot = \"{SLOT}\"\npublication = \"outbox_relay\"\nstatus_interval_ms = 200\n\
-         [[outbox]]\ntable = \"tenant_*.outbox\"\n\
-         [sink]\ntype = \"stdout\"\n",
-        pg.url("postgres", None, "app")
-    );
-    let relay = RelayProcess::start(&config);
-    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
+    let relay = relay_on_tenants(&pg, &["tenant_1", "tenant_2"]);
     let before = insert(&pg, "tenant_2.outbox", "T");
     support::wait_until("tenant_2's first row arrives", WAIT, || {
         topics(&relay.lines()).contains_key(&before)
@@ -492,20 +499,9 @@ fn a_tenant_table_dropped_while_the_watch_reads_the_publication_stops_nothing() 
         .expect("the drop, uncommitted");
     // A delivery makes the relay ask the watch; its read waits for the drop's lock.
     let during = insert(&pg, "tenant_2.outbox", "T");
-    let opens_tables: bool = client
-        .query_one(
-            "SELECT current_setting('server_version_num')::int >= 160000",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    if opens_tables {
+    if support::outbox::publication_tables_opens_tables(&pg) {
         support::wait_until("the watch's read waits for the drop's lock", WAIT, || {
-            count(
-                &pg,
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE application_name = 'outbox-relay (outbox watch)' AND wait_event_type = 'Lock'",
-            ) == 1
+            support::outbox::watch_waits_for_a_lock(&pg)
         });
     }
     dropping.batch_execute("COMMIT").expect("the drop commits");
@@ -540,33 +536,14 @@ fn a_tenant_table_dropped_while_the_watch_reads_the_publication_stops_nothing() 
 #[test]
 fn a_tenant_table_dropped_as_the_watch_adds_it_stops_nothing() {
     let pg = cluster_with_app_db();
+    let relay = relay_on_tenants(&pg, &["tenant_1"]);
     let mut client = pg.client_db("app");
-    client.batch_execute(OUTBOX_SQL).expect("public.outbox");
-    client
-        .batch_execute(
-            "CREATE SCHEMA tenant_1; CREATE TABLE tenant_1.outbox (LIKE public.outbox INCLUDING ALL);",
-        )
-        .unwrap();
-    let config = format!(
-        "[postgres]\nurl = \"{}\"\nslot = \"{SLOT}\"\npublication = \"outbox_relay\"\nstatus_interval_ms = 200\n\
-         [[outbox]]\ntable = \"tenant_*.outbox\"\n\
-         [sink]\ntype = \"stdout\"\n",
-        pg.url("postgres", None, "app")
-    );
-    let relay = RelayProcess::start(&config);
-    relay.wait_streaming(&pg.superuser_url(), SLOT, WAIT);
     let first = insert(&pg, "tenant_1.outbox", "T");
     support::wait_until("tenant_1's first row arrives", WAIT, || {
         topics(&relay.lines()).contains_key(&first)
     });
     let watch_waits_for_a_lock = |what: &str| {
-        support::wait_until(what, WAIT, || {
-            count(
-                &pg,
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE application_name = 'outbox-relay (outbox watch)' AND wait_event_type = 'Lock'",
-            ) == 1
-        });
+        support::wait_until(what, WAIT, || support::outbox::watch_waits_for_a_lock(&pg));
     };
 
     // Hold the watch: its next record of the acknowledged position waits for the row.
@@ -595,7 +572,9 @@ fn a_tenant_table_dropped_as_the_watch_adds_it_stops_nothing() {
     let after = insert(&pg, "tenant_1.outbox", "T");
     support::wait_until("tenant_1's rows arrive", WAIT, || {
         let seen = topics(&relay.lines());
-        [&held, &during, &after].iter().all(|id| seen.contains_key(*id))
+        [&held, &during, &after]
+            .iter()
+            .all(|id| seen.contains_key(*id))
             || relay.exit_status().is_some()
     });
     assert_eq!(

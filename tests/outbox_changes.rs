@@ -182,13 +182,6 @@ fn an_outbox_dropped_while_the_watch_reads_the_publication_is_named_as_dropped()
     assert_eq!(ids(&relay.wait_for_lines(1, WAIT)), [delivered]);
 
     let mut client = pg.client_db("app");
-    let opens_tables: bool = client
-        .query_one(
-            "SELECT current_setting('server_version_num')::int >= 160000",
-            &[],
-        )
-        .unwrap()
-        .get(0);
     let mut dropping = pg.client_db("app");
     dropping
         .batch_execute("BEGIN; DROP TABLE outbox")
@@ -198,23 +191,16 @@ fn an_outbox_dropped_while_the_watch_reads_the_publication_is_named_as_dropped()
     client
         .batch_execute("CREATE TABLE elsewhere (n int); INSERT INTO elsewhere VALUES (1)")
         .unwrap();
-    if opens_tables {
+    if support::outbox::publication_tables_opens_tables(&pg) {
         support::wait_until("the watch's read waits for the drop's lock", WAIT, || {
-            let waiting: i64 = client
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity \
-                     WHERE application_name = 'outbox-relay (outbox watch)' AND wait_event_type = 'Lock'",
-                    &[],
-                )
-                .unwrap()
-                .get(0);
-            if waiting == 0 {
+            let waiting = support::outbox::watch_waits_for_a_lock(&pg);
+            if !waiting {
                 // Another status tick, another request.
                 client
                     .batch_execute("INSERT INTO elsewhere VALUES (2)")
                     .unwrap();
             }
-            waiting == 1
+            waiting
         });
     }
     dropping.batch_execute("COMMIT").expect("the drop commits");

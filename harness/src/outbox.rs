@@ -35,6 +35,33 @@ pub fn cluster_with_app_db() -> PgCluster {
     pg
 }
 
+/// Whether the relay's outbox watch (its session, by application name) waits for a lock
+/// now: tests hold a lock the watch needs, and let it go once it waits.
+pub fn watch_waits_for_a_lock(pg: &PgCluster) -> bool {
+    let waiting: i64 = pg
+        .client_db("app")
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity \
+             WHERE application_name = 'outbox-relay (outbox watch)' AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("looking for the watch's lock wait: {e}"))
+        .get(0);
+    waiting == 1
+}
+
+/// Whether this server's `pg_publication_tables` opens every table it lists
+/// (PostgreSQL 16 and later), so that a read of it waits for a drop's lock.
+pub fn publication_tables_opens_tables(pg: &PgCluster) -> bool {
+    pg.client_db("app")
+        .query_one(
+            "SELECT pg_catalog.current_setting('server_version_num')::int >= 160000",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("reading server_version_num: {e}"))
+        .get(0)
+}
+
 /// Config of a relay on the stdout sink, as the superuser on database `app`.
 pub fn stdout_config(pg: &PgCluster) -> String {
     format!(
