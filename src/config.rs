@@ -15,7 +15,7 @@
 //! from the environment meets the same checks and messages as one from the file.
 //! Secrets (passwords, `[kafka.properties]` secrets, the URL's user info) never appear
 //! in a message: errors give line, column and key path instead of the file's text
-//! ([`report`]), and the sections leave values of secret keys out of theirs.
+//! (`report`), and the sections leave values of secret keys out of theirs.
 //!
 //! This file reads the file and the environment ([`Config::load`]); the checks across
 //! sections and the building of [`Settings`] are in `config/validate.rs`

@@ -28,7 +28,7 @@ pub const DEFAULTS: &str = "outbox_defaults";
 /// table, and an entry of a list cannot be disabled.
 const PER_ENTRY: &[&str] = &["table", "enabled"];
 
-/// The keys `[outbox_defaults]` accepts: those of `[outbox]` but [`PER_ENTRY`].
+/// The keys `[outbox_defaults]` accepts: those of `[outbox]` but `PER_ENTRY`.
 pub fn default_keys() -> impl Iterator<Item = &'static str> {
     KEYS.iter()
         .filter(|(section, _)| *section == "outbox")

@@ -237,7 +237,7 @@ impl AckTracker {
     /// when nothing is), and then nothing more until it is delivered.
     ///
     /// The span from the oldest undelivered event to the newest is bounded too (at
-    /// [`SPAN_PER_EVENT_BOUND`] times the event bound), so that one event that waits
+    /// `SPAN_PER_EVENT_BOUND` times the event bound), so that one event that waits
     /// while later ones are delivered cannot grow the tracker without bound.
     pub fn has_room(&self, limits: InFlightLimits) -> bool {
         self.in_flight() < limits.events

@@ -14,7 +14,7 @@
 //!
 //! A turn takes every delivery report already queued (one pump and one look at the
 //! acknowledged position for all of them), and the frames already in the receive buffer
-//! after the one it waited for (at most [`FRAMES_PER_TURN`], the bounds checked before
+//! after the one it waited for (at most `FRAMES_PER_TURN`, the bounds checked before
 //! each): under load the loop turns once per read from the socket, not once per frame.
 //! The two deferred timers (an owed status update, an owed record) are made once and
 //! moved only when their due time changes.
@@ -27,7 +27,7 @@
 //!
 //! The loop reads PostgreSQL only through [`ReplicationStream`] (a started
 //! `PgConnection`, or the unit tests' scripted stream: `pipeline/tests.rs`), and is built
-//! by [`Pipeline::new`] from a [`Start`] that [`crate::relay::run`] decides once the
+//! by `Pipeline::new` from a `Start` that [`crate::relay::run()`] decides once the
 //! source is prepared.
 //!
 //! The loop, its bounds and liveness are here; the sink side (queueing, pumping, notices,
@@ -36,7 +36,7 @@
 //! checkpoint's skip) `pipeline/steps.rs`, logical decoding messages
 //! `pipeline/messages.rs`. Every state transition lives in the pure parts (`txn`,
 //! `router`, `ack`, `deadletter`); this loop only moves values between them. Retryable failures end the
-//! attempt; [`crate::relay::run`] starts a new one from the slot's acknowledged
+//! attempt; [`crate::relay::run()`] starts a new one from the slot's acknowledged
 //! position, so anything in flight is sent again (at-least-once) and nothing is skipped.
 
 use std::collections::VecDeque;

@@ -14,7 +14,7 @@
 //! updates, shutdown) are tested in milliseconds with a scripted stream
 //! (`pipeline/tests/script.rs`); the real connection is the integration suite's.
 //! Preparing the source (publication, slot, checks) is not part of it: that happens
-//! before a pipeline exists ([`crate::relay::run`]).
+//! before a pipeline exists ([`crate::relay::run()`]).
 
 use std::future::Future;
 use std::time::Duration;

@@ -81,7 +81,7 @@ pub struct RoutedRowError {
     pub lsn: Lsn,
     pub error: RouteError,
     /// The raw row as a JSON object of column name to text value
-    /// ([`row_as_json`](crate::relay::router::row_as_json)).
+    /// ([`crate::relay::router::row_as_json`]).
     pub row_json: Vec<u8>,
 }
 

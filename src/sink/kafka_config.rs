@@ -228,7 +228,7 @@ impl KafkaConfig {
 
     /// A librdkafka error about this configuration, without the value of any secret
     /// property. rdkafka's `Display` of a configuration error appends the property's
-    /// value ("Client config error: <reason> <key> <value>"), and librdkafka's own
+    /// value (`Client config error: <reason> <key> <value>`), and librdkafka's own
     /// reasons quote values ("Invalid value \"…\" for configuration property …"): for a
     /// secret property the message is built from its name alone; for another, the
     /// reason is kept.

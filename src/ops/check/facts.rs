@@ -1,7 +1,7 @@
 //! Pure: what the preflight knows about the PostgreSQL side ([`PgFacts`], gathered by
-//! [`super::gather`], written by hand in the tests) and what it checks them against
-//! ([`Target`]). A leaf of the check: the findings of [`super::postgres`],
-//! [`super::slot`] and [`super::messages`] all read these values, and none of them
+//! `gather`, written by hand in the tests) and what it checks them against
+//! ([`Target`]). A leaf of the check: the findings of `postgres`,
+//! `slot` and `messages` all read these values, and none of them
 //! needs another to do so.
 
 use crate::pg::slot::SourceSpec;

@@ -1,9 +1,9 @@
 //! Pure: what the PostgreSQL side of a preflight found ([`PgFacts`], gathered by
-//! [`super::gather`]) → findings, each problem with its fix. The wording of the fixes
+//! `gather`) → findings, each problem with its fix. The wording of the fixes
 //! reuses the relay's own (the `SetupError` messages, the lost-slot message, the
 //! `CREATE PUBLICATION` and state-table statements), so `check` and `run` say the same.
-//! The slot, its WAL and the record table are judged in [`super::slot`], the
-//! table-less outbox in [`super::messages`]; this module calls them in turn, and they
+//! The slot, its WAL and the record table are judged in `slot`, the
+//! table-less outbox in `messages`; this module calls them in turn, and they
 //! read the same facts ([`super::facts`]) without calling back.
 
 use crate::pg::diagnose::SetupError;

@@ -91,7 +91,7 @@ pub enum PgError {
     },
     #[error("bad replication frame from PostgreSQL: {0}")]
     Frame(#[from] FrameError),
-    /// The TLS settings of [postgres] url cannot be used (a file is missing, ...).
+    /// The TLS settings of `[postgres] url` cannot be used (a file is missing, ...).
     #[error("TLS to PostgreSQL: {0}")]
     TlsConfig(TlsError),
     /// TLS with one server failed (not trusted, wrong name, refused, ...).

@@ -66,7 +66,7 @@ fn queue_kbytes_needed(bound: u64, message_max_bytes: u64) -> u64 {
 const QUEUE_KBYTES_MAX: u64 = 2_147_483_647;
 
 /// A user's `queue.buffering.max.kbytes` that disagrees with the relay's byte bound
-/// (see [`queue_kbytes_needed`]), as a problem to report.
+/// (see `queue_kbytes_needed`), as a problem to report.
 pub fn check_queue_kbytes(
     properties: &BTreeMap<String, String>,
     max_in_flight_bytes: u64,
