@@ -156,10 +156,6 @@ impl Watched {
             if self.outboxes.iter().any(|o| o.table == table) {
                 continue;
             }
-            let setup_failed = |error| match error {
-                SetupError::Pg(error) => WatchReport::Failed(error),
-                other => WatchReport::Invalid(other.to_string()),
-            };
             let joining = match primary
                 .for_writes(conn)
                 .await
@@ -168,7 +164,7 @@ impl Watched {
                 Some(on_primary) => {
                     match join_publication(on_primary, &self.publication, &table).await {
                         Ok(()) => wait_replayed(conn, on_primary).await,
-                        Err(error) => Err(error),
+                        failed => failed,
                     }
                 }
                 None => join_publication(conn, &self.publication, &table).await,
@@ -181,7 +177,8 @@ impl Watched {
                     tracing::info!(%table, "an outbox table of a pattern was dropped as it was found: nothing to stream from it");
                     continue;
                 }
-                Err(error) => return Err(setup_failed(error)),
+                Err(SetupError::Pg(error)) => return Err(WatchReport::Failed(error)),
+                Err(other) => return Err(WatchReport::Invalid(other.to_string())),
             }
             let relation = conn
                 .simple_query(&format!(
